@@ -1,0 +1,45 @@
+# Two commands do all set-up: `make demo` and `make test` build .venv when it
+# is missing (about 2 minutes) and reuse it otherwise.
+PY      := .venv/bin/python
+PIP     := .venv/bin/pip
+STAMP   := .venv/.requirements-installed
+EXT     := $(wildcard xla_amp/_C*.so)
+SOURCES := $(wildcard csrc/*.cpp csrc/*.h) setup.py
+export PJRT_DEVICE ?= CPU
+
+.PHONY: all venv build test demo bench docs clean
+
+all: test
+
+$(STAMP): requirements.txt
+	test -x $(PY) || python3 -m venv .venv
+	$(PIP) install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+	$(PIP) install -q -r requirements.txt 2>&1 | grep -v "^WARNING: Location" || true
+	$(PY) -c "import torch, torch_xla"  # fail here, not in the tests
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# The extension is rebuilt (incrementally, with ninja) only when csrc/ or
+# setup.py changed; a .pth file makes the checkout importable (editable).
+xla_amp/.built: $(STAMP) $(SOURCES)
+	@mkdir -p build
+	@echo "building xla_amp._C (log: build/ext.log)"
+	@MAX_JOBS=2 $(PY) setup.py build_ext --inplace > build/ext.log 2>&1 || (grep -B2 -A8 "error" build/ext.log | head -80; exit 1)
+	$(PY) -c "import site; print('$(CURDIR)')" > "$$($(PY) -c 'import site; print(site.getsitepackages()[0])')/xla_amp_checkout.pth"
+	$(PY) -c "import xla_amp._C"
+	touch $@
+
+build: xla_amp/.built
+
+test: build
+	$(PY) -m pytest -q tests
+
+demo: build
+	$(PY) scripts/demo_autocast.py
+
+bench: build
+	$(PY) benchmarks/trace_cost.py
+
+clean:
+	rm -rf build xla_amp/_C*.so xla_amp/.built *.egg-info

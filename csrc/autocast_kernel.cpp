@@ -1,0 +1,163 @@
+#include "autocast_kernel.h"
+
+#include <ATen/autocast_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include "cast_category.h"
+#include "policy_table.h"
+
+namespace xla_amp {
+namespace {
+
+constexpr c10::DeviceType kXla = c10::DeviceType::XLA;
+
+bool eligible(const c10::IValue& v) {
+  return v.isTensor() && at::autocast::is_eligible(v.toTensor(), kXla);
+}
+
+// Casts every eligible tensor held by one argument (Tensor, Tensor?,
+// Tensor[], Tensor?[]) to `to`; ATen's cast cache serves weights.
+c10::IValue cast_argument(at::ScalarType to, c10::IValue v) {
+  if (v.isTensor()) {
+    return at::autocast::cached_cast(to, v.toTensor(), kXla);
+  }
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> in = v.toTensorList();
+    c10::List<at::Tensor> out;
+    out.reserve(in.size());
+    for (const at::Tensor& t : in) {
+      out.push_back(at::autocast::cached_cast(to, t, kXla));
+    }
+    return out;
+  }
+  if (v.isList()) {  // Tensor?[] (e.g. index_put's indices)
+    c10::impl::GenericList in = v.toList();
+    if (!in.elementType()->isSubtypeOf(*c10::OptionalType::ofTensor())) {
+      return v;
+    }
+    c10::impl::GenericList out(in.elementType());
+    out.reserve(in.size());
+    for (const c10::IValue& e : in) {
+      out.push_back(e.isTensor() ? c10::IValue(at::autocast::cached_cast(
+                                       to, e.toTensor(), kXla))
+                                 : e);
+    }
+    return out;
+  }
+  return v;
+}
+
+void cast_all(at::ScalarType to, torch::jit::Stack* stack, size_t first,
+              size_t count) {
+  for (size_t i = first; i < first + count; ++i) {
+    (*stack)[i] = cast_argument(to, std::move((*stack)[i]));
+  }
+}
+
+// Widest floating type among the eligible inputs, starting from the autocast
+// dtype (ATen's own prioritize rule: float32 wins, float64 is ignored).
+at::ScalarType widest_type(const torch::jit::Stack& stack, size_t first,
+                           size_t count) {
+  at::ScalarType widest = at::autocast::get_autocast_dtype(kXla);
+  for (size_t i = first; i < first + count; ++i) {
+    const c10::IValue& v = stack[i];
+    if (v.isTensor()) {
+      widest = at::autocast::prioritize(widest, v.toTensor(), kXla);
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) {
+        widest = at::autocast::prioritize(widest, t, kXla);
+      }
+    } else if (v.isList()) {
+      for (const c10::IValue& e : v.toList()) {
+        if (e.isTensor()) {
+          widest = at::autocast::prioritize(widest, e.toTensor(), kXla);
+        }
+      }
+    }
+  }
+  return widest;
+}
+
+}  // namespace
+
+const AutocastKernel::SchemaInfo& AutocastKernel::schema_info(
+    const c10::OperatorHandle& op) {
+  if (!info_ready_.load(std::memory_order_acquire)) {
+    // Racing threads compute the same value; the store is idempotent.
+    const c10::FunctionSchema& schema = op.schema();
+    SchemaInfo info;
+    info.mutates = schema.is_mutable();
+    const auto& args = schema.arguments();
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (args[i].name() == "dtype") info.dtype_arg = static_cast<int>(i);
+    }
+    info_ = info;
+    info_ready_.store(true, std::memory_order_release);
+  }
+  return info_;
+}
+
+void AutocastKernel::operator()(const c10::OperatorHandle& op,
+                                c10::DispatchKeySet /*ks*/,
+                                torch::jit::Stack* stack) {
+  // Everything below, the casts included, runs with AutocastXLA excluded.
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastXLA);
+
+  const PolicyTable* policy = active_policy();
+  const CastCategory category =
+      policy ? policy->category(slot_) : CastCategory::kNone;
+  if (category == CastCategory::kNone) {
+    op.callBoxed(stack);
+    return;
+  }
+  if (category == CastCategory::kBanned) {
+    auto it = policy->banned_reason.find(slot_);
+    TORCH_CHECK(false, "xla_amp: ", op.schema().operator_name(),
+                " is banned in autocast regions under policy '", policy->name,
+                "'. ",
+                it == policy->banned_reason.end() ? std::string() : it->second);
+  }
+
+  const SchemaInfo& info = schema_info(op);
+  const size_t nargs = op.schema().arguments().size();
+  const size_t first = stack->size() - nargs;
+  const bool explicit_dtype =
+      info.dtype_arg >= 0 && !(*stack)[first + info.dtype_arg].isNone();
+  if (info.mutates || explicit_dtype) {
+    op.callBoxed(stack);
+    return;
+  }
+
+  switch (category) {
+    case CastCategory::kLowerPrecisionFp:
+      cast_all(at::autocast::get_autocast_dtype(kXla), stack, first, nargs);
+      break;
+    case CastCategory::kFp32:
+      cast_all(at::kFloat, stack, first, nargs);
+      break;
+    case CastCategory::kPromote:
+      cast_all(widest_type(*stack, first, nargs), stack, first, nargs);
+      break;
+    case CastCategory::kFp32SetOptDtype:
+      if (info.dtype_arg >= 0 && nargs > 0 && eligible((*stack)[first])) {
+        (*stack)[first + info.dtype_arg] =
+            c10::IValue(static_cast<int64_t>(at::kFloat));
+      }
+      break;
+    case CastCategory::kFp32AppendDtype: {
+      auto target = policy->append_target.find(slot_);
+      if (target != policy->append_target.end() && nargs > 0 &&
+          eligible((*stack)[first])) {
+        stack->emplace_back(static_cast<int64_t>(at::kFloat));
+        target->second.callBoxed(stack);
+        return;
+      }
+      break;
+    }
+    default:
+      break;
+  }
+  op.callBoxed(stack);
+}
+
+}  // namespace xla_amp

@@ -1,0 +1,44 @@
+// The boxed AutocastXLA kernel: one instance per registered op overload.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <atomic>
+
+namespace xla_amp {
+
+// Registered for an op under the AutocastXLA key. On each call it looks up
+// the op's category in the thread's active policy, casts the arguments on
+// the stack accordingly and calls the op again with AutocastXLA excluded, so
+// ops the target calls internally are not autocast a second time.
+//
+//   category = active_policy.category(slot)
+//   if op mutates an argument (in-place, out=) or dtype= was given: no cast
+//   lower_precision_fp: floating XLA inputs -> autocast dtype (weights cached)
+//   fp32:               floating XLA inputs -> float32
+//   fp32_set_opt_dtype: first input eligible -> set dtype=float32
+//   fp32_append_dtype:  first input eligible -> call the dtype overload with float32
+//   promote:            floating XLA inputs -> widest of (autocast dtype, inputs)
+//   banned:             raise the policy's explanation
+//   run the op below autocast
+class AutocastKernel final : public c10::OperatorKernel {
+ public:
+  explicit AutocastKernel(int slot) : slot_(slot) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
+                  torch::jit::Stack* stack);
+
+ private:
+  struct SchemaInfo {
+    bool mutates = false;  // in-place or out= overload: never autocast
+    int dtype_arg = -1;    // index of an argument named "dtype", or -1
+  };
+  const SchemaInfo& schema_info(const c10::OperatorHandle& op);
+
+  const int slot_;
+  std::atomic<bool> info_ready_{false};
+  SchemaInfo info_;
+};
+
+}  // namespace xla_amp

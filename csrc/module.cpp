@@ -1,0 +1,102 @@
+// Python bindings of the engine: xla_amp._C.
+#include <torch/extension.h>
+
+#include <ATen/autocast_mode.h>
+
+#include "cast_category.h"
+#include "policy_table.h"
+#include "registration.h"
+
+namespace py = pybind11;
+using xla_amp::CastCategory;
+using xla_amp::PolicyTable;
+
+namespace {
+
+// Builds a compiled policy from (slot, category, banned reason, append
+// target) rows; the Python Policy object validated the names already.
+std::shared_ptr<PolicyTable> compile_policy(
+    const std::string& name,
+    const std::vector<std::tuple<int, int, std::string, std::string>>& rows) {
+  auto table = std::make_shared<PolicyTable>();
+  table->name = name;
+  for (const auto& [slot, category, reason, append_target] : rows) {
+    TORCH_CHECK(slot >= 0 && category >= 0 &&
+                    category < static_cast<int>(xla_amp::kCategoryNames.size()),
+                "xla_amp: bad policy row (slot ", slot, ", category ", category,
+                ")");
+    if (slot >= static_cast<int>(table->category_of_slot.size())) {
+      table->category_of_slot.resize(slot + 1, CastCategory::kNone);
+    }
+    table->category_of_slot[slot] = static_cast<CastCategory>(category);
+    if (!reason.empty()) table->banned_reason.emplace(slot, reason);
+    if (!append_target.empty()) {
+      const auto sep = append_target.find('.');
+      const std::string op = append_target.substr(0, sep);
+      const std::string overload =
+          sep == std::string::npos ? "" : append_target.substr(sep + 1);
+      table->append_target.emplace(
+          slot, c10::Dispatcher::singleton().findSchemaOrThrow(op.c_str(),
+                                                               overload.c_str()));
+    }
+  }
+  return table;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "xla_amp's native AutocastXLA engine";
+
+  m.def("categories", [] {
+    std::vector<std::string> names;
+    for (auto n : xla_amp::kCategoryNames) names.emplace_back(n);
+    return names;
+  }, "Category names, indexed by their numeric value.");
+
+  m.def("register_ops", [](const std::vector<std::string>& names) {
+    auto r = xla_amp::register_ops(names);
+    return py::make_tuple(r.slots, r.replaced);
+  }, py::arg("names"),
+  "Registers the autocast kernel for op overloads; returns (slots, replaced).");
+
+  m.def("registered_ops", &xla_amp::registered_ops);
+
+  py::class_<PolicyTable, std::shared_ptr<PolicyTable>>(m, "CompiledPolicy")
+      .def_property_readonly("name", [](const PolicyTable& t) { return t.name; })
+      .def("category", [](const PolicyTable& t, int slot) {
+        return static_cast<int>(t.category(slot));
+      });
+
+  m.def("compile_policy", &compile_policy, py::arg("name"), py::arg("rows"));
+
+  m.def("push_policy", [](std::shared_ptr<PolicyTable> t) {
+    xla_amp::push_thread_policy(std::move(t));
+  });
+  m.def("pop_policy", &xla_amp::pop_thread_policy);
+  m.def("policy_depth", &xla_amp::thread_policy_depth);
+  m.def("set_default_policy", [](std::shared_ptr<PolicyTable> t) {
+    xla_amp::set_default_policy(std::move(t));
+  });
+  m.def("set_default_resolver", [](py::function fn) {
+    // Leaked on purpose: a py::function must not be destroyed without the
+    // GIL, which interpreter shutdown does not guarantee.
+    auto* held = new py::function(std::move(fn));
+    xla_amp::set_default_resolver([held]() -> xla_amp::PolicyPtr {
+      py::gil_scoped_acquire gil;
+      try {
+        py::object table = (*held)();
+        if (table.is_none()) return nullptr;
+        return table.cast<std::shared_ptr<PolicyTable>>();
+      } catch (py::error_already_set& e) {
+        TORCH_CHECK(false, "xla_amp: choosing the default autocast policy failed: ",
+                    e.what());
+      }
+    });
+  }, "fn() -> CompiledPolicy | None, called once when a default is first needed.");
+  m.def("active_policy_name", []() -> py::object {
+    const PolicyTable* t = xla_amp::active_policy();
+    if (t == nullptr) return py::none();
+    return py::str(t->name);
+  });
+}

@@ -1,0 +1,51 @@
+// A compiled policy: the category of every registered op slot.
+//
+// Tables are immutable once built; switching policy swaps a pointer, so the
+// kernel reads them without locks. Each thread has its own stack of active
+// tables (autocast state is per thread); a thread with an empty stack uses
+// the process default (plain torch.autocast("xla") after `import xla_amp`).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include "cast_category.h"
+
+namespace xla_amp {
+
+struct PolicyTable {
+  std::string name;
+  std::vector<CastCategory> category_of_slot;        // indexed by op slot
+  std::unordered_map<int, std::string> banned_reason;  // slot -> message
+  // fp32_append_dtype: slot -> the overload that takes a trailing dtype
+  std::unordered_map<int, c10::OperatorHandle> append_target;
+
+  CastCategory category(int slot) const {
+    return slot < static_cast<int>(category_of_slot.size())
+               ? category_of_slot[slot]
+               : CastCategory::kNone;
+  }
+};
+
+using PolicyPtr = std::shared_ptr<const PolicyTable>;
+
+// The table the calling thread's autocast kernels use now, or nullptr.
+const PolicyTable* active_policy();
+
+void push_thread_policy(PolicyPtr table);
+void pop_thread_policy();
+int thread_policy_depth();
+void set_default_policy(PolicyPtr table);
+PolicyPtr default_policy();
+
+// Called (once, lazily) when a kernel runs with no thread policy and no
+// default yet: the default depends on the device's hardware, which is only
+// known once the XLA runtime is up, i.e. when an XLA tensor exists.
+void set_default_resolver(std::function<PolicyPtr()> resolver);
+
+}  // namespace xla_amp

@@ -1,0 +1,20 @@
+"""xla_amp: automatic mixed precision for PyTorch/XLA.
+
+Importing xla_amp loads torch_xla, then the native engine (xla_amp._C),
+which takes over the AutocastXLA dispatch key: after import, both
+``xla_amp.autocast(device)`` and plain ``torch.autocast("xla")`` run through
+it. Environment op-list overrides (XLA_AMP_*_OPS_LIST) are read here.
+"""
+import torch
+import torch_xla  # noqa: F401  (its AutocastXLA kernels must exist before ours)
+
+from xla_amp import _C  # noqa: F401
+from xla_amp import _engine, env_overrides, policies
+from xla_amp.autocast import autocast
+from xla_amp.policy import CATEGORIES, Policy
+
+env_overrides.load_from_environment()
+_engine.install()
+
+__all__ = ["autocast", "policies", "Policy", "CATEGORIES"]
+__version__ = "0.1.0"

@@ -1,0 +1,93 @@
+"""Glue between Policy objects and the native engine (xla_amp._C).
+
+    compile(policy)  -> CompiledPolicy   (registers kernels for its ops once)
+    push(policy) / pop()                  the calling thread's active policy
+    install()                             at import: take over AutocastXLA
+
+On `install()` the engine registers its kernel for every op PyTorch/XLA
+registered under AutocastXLA, replacing those kernels (an op a policy does
+not list then runs uncast, as the policy says), and one log line says so.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+
+import torch
+
+from xla_amp import _C, ops
+from xla_amp.policy import CATEGORIES, Policy
+
+log = logging.getLogger("xla_amp")
+
+_CATEGORY_CODE = {name: code for code, name in enumerate(_C.categories())}
+assert set(CATEGORIES) <= set(_CATEGORY_CODE), "csrc/cast_category.h and policy.py disagree"
+
+_lock = threading.Lock()
+_compiled: "weakref.WeakKeyDictionary[Policy, _C.CompiledPolicy]" = weakref.WeakKeyDictionary()
+replaced_kernels = 0  # how many PyTorch/XLA kernels install() displaced
+
+
+def compile(policy: Policy) -> "_C.CompiledPolicy":
+    """The engine's table for `policy`, built on first use and cached."""
+    with _lock:
+        table = _compiled.get(policy)
+        if table is not None:
+            return table
+        # Explicit overload entries beat their base name's expansion.
+        per_overload: dict[str, str] = {}
+        origin: dict[str, str] = {}
+        for op, cat in sorted(policy.categories.items(), key=lambda kv: "." in kv[0]):
+            for overload in ops.overloads(op):
+                per_overload[overload] = cat
+                origin[overload] = op
+        names = sorted(per_overload)
+        slots, _ = _C.register_ops(names)
+        rows = []
+        for name, slot in zip(names, slots):
+            cat = per_overload[name]
+            reason = policy.banned_reasons.get(origin[name], "") if cat == "banned" else ""
+            target = ops.append_dtype_target(name) if cat == "fp32_append_dtype" else ""
+            rows.append((slot, _CATEGORY_CODE[cat], reason, target))
+        table = _C.compile_policy(policy.name, rows)
+        _compiled[policy] = table
+        return table
+
+
+def push(policy: Policy) -> None:
+    _C.push_policy(compile(policy))
+
+
+def pop() -> None:
+    _C.pop_policy()
+
+
+def active_policy_name() -> str | None:
+    """The policy the calling thread's kernels use now (None: not resolved yet)."""
+    return _C.active_policy_name()
+
+
+def _resolve_default():
+    # Runs inside a kernel, the first time plain torch.autocast("xla") needs
+    # a policy on a thread that never entered xla_amp.autocast.
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    from xla_amp import policies
+    return compile(policies.for_hardware(xm.xla_device_hw(torch_xla.device())))
+
+
+def set_default_policy(policy: Policy | None) -> None:
+    """The policy of plain ``torch.autocast("xla")``; None: by device hardware."""
+    _C.set_default_policy(compile(policy) if policy is not None else None)
+
+
+def install() -> None:
+    global replaced_kernels
+    xla_ops = [n for n in torch._C._dispatch_get_registrations_for_dispatch_key("AutocastXLA")
+               if n not in set(_C.registered_ops())]
+    _, replaced_kernels = _C.register_ops(sorted(xla_ops))
+    _C.set_default_resolver(_resolve_default)
+    log.info("xla_amp: native autocast engine replaces PyTorch/XLA's AutocastXLA "
+             "kernels (%d ops); the dispatcher's override warnings were silenced",
+             replaced_kernels)

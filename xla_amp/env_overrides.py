@@ -1,0 +1,71 @@
+"""Op-list overrides from environment files (Gaudi's mechanism, validated).
+
+    XLA_AMP_LOWER_PRECISION_OPS_LIST=/path/lower.txt   -> lower_precision_fp
+    XLA_AMP_FP32_OPS_LIST=/path/fp32.txt               -> fp32
+    XLA_AMP_PROMOTE_OPS_LIST=/path/promote.txt         -> promote
+
+Each file holds one op name per line, ``#`` comments and blank lines allowed.
+A set variable replaces that category in every built-in policy. The files
+are read once, at import of xla_amp; a missing file or a bad line raises
+ValueError naming the file and line, and no policy changes.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from xla_amp import ops
+from xla_amp.policy import Policy
+
+VARIABLES = {
+    "XLA_AMP_LOWER_PRECISION_OPS_LIST": "lower_precision_fp",
+    "XLA_AMP_FP32_OPS_LIST": "fp32",
+    "XLA_AMP_PROMOTE_OPS_LIST": "promote",
+}
+
+
+def read_op_list(path: str | Path) -> list[str]:
+    """Op names from a list file; ValueError with file:line on a bad entry."""
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read op list: {e.strerror}") from None
+    names = []
+    for lineno, line in enumerate(lines, 1):
+        name = line.split("#", 1)[0].strip()
+        if not name:
+            continue
+        try:
+            ops.validate(name)
+        except ValueError as e:
+            raise ValueError(f"{path}:{lineno}: {e}") from None
+        names.append(name)
+    return names
+
+
+def read_environment(environ=os.environ) -> dict[str, list[str]]:
+    """category -> op names, for each variable that is set."""
+    lists = {}
+    for var, category in VARIABLES.items():
+        if environ.get(var):
+            lists[category] = read_op_list(environ[var])
+    return lists
+
+
+_lists: dict[str, list[str]] | None = None
+
+
+def load_from_environment() -> None:
+    """Reads the files now (at import of xla_amp) so errors surface there."""
+    global _lists
+    _lists = read_environment()
+
+
+def apply(policy: Policy) -> Policy:
+    """`policy` with every category named in the environment replaced."""
+    if _lists is None:
+        load_from_environment()
+    for category, names in _lists.items():
+        policy = policy.replace_category(category, names, source="environment")
+    return policy

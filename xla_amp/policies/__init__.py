@@ -1,0 +1,69 @@
+"""The built-in policies, one TOML file each in this folder, and the registry.
+
+    policies.get("tpu")             # a Policy; also any name registered
+    policies.names()                # the registered names
+    policies.register(policy)       # make a user policy selectable by name
+    policies.for_hardware("TPU")    # the policy a device's hardware selects
+
+Files load on first use. Environment overrides (XLA_AMP_*_OPS_LIST) are
+applied to every built-in policy as it loads.
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from xla_amp.policy import Policy, load
+
+_DIR = Path(__file__).parent
+
+# torch_xla.core.xla_model.xla_device_hw(device) -> policy name
+HARDWARE_POLICY = {"TPU": "tpu", "NEURON": "tpu", "CUDA": "cuda", "CPU": "cpu"}
+
+_lock = threading.Lock()
+_registry: dict[str, Policy] = {}
+
+
+def builtin_names() -> list[str]:
+    return sorted(p.stem for p in _DIR.glob("*.toml"))
+
+
+def names() -> list[str]:
+    return sorted(set(builtin_names()) | set(_registry))
+
+
+def _load_builtin(name: str) -> Policy:
+    from xla_amp import env_overrides  # late: needs the policy module only
+    return env_overrides.apply(load(_DIR / f"{name}.toml"))
+
+
+def get(name: str) -> Policy:
+    """The policy registered as `name`; ValueError listing the valid names."""
+    if isinstance(name, Policy):
+        return name
+    with _lock:
+        if name not in _registry:
+            if name not in builtin_names():
+                raise ValueError(
+                    f"unknown autocast policy {name!r}; valid names: {', '.join(names())}")
+            _registry[name] = _load_builtin(name)
+        return _registry[name]
+
+
+def register(policy: Policy, *, replace: bool = False) -> None:
+    """Makes `policy` selectable as ``policy=policy.name``."""
+    if not isinstance(policy, Policy):
+        raise TypeError(f"register takes a Policy, got {type(policy).__name__}")
+    with _lock:
+        if policy.name in _registry and not replace:
+            raise ValueError(f"a policy named {policy.name!r} is registered already")
+        _registry[policy.name] = policy
+
+
+def for_hardware(hw: str) -> Policy:
+    """The policy for a device whose xla_device_hw() is `hw`."""
+    if hw not in HARDWARE_POLICY:
+        raise ValueError(
+            f"no autocast policy for XLA hardware {hw!r}; known: {', '.join(HARDWARE_POLICY)}"
+            " (pass policy= to choose one)")
+    return get(HARDWARE_POLICY[hw])

@@ -1,0 +1,248 @@
+"""Policies: which op autocasts how, as data.
+
+A `Policy` is a frozen mapping from op name to cast category plus the dtypes
+the hardware it describes supports. Policies are loaded from TOML files in
+``xla_amp/policies/`` and derived with `Policy.with_overrides`; the native
+engine compiles each one into a table the first time it is used.
+
+Category semantics (evaluated by the AutocastXLA kernel, csrc/autocast_kernel.h)::
+
+    lower_precision_fp  floating XLA inputs -> the autocast dtype
+    fp32                floating XLA inputs -> float32
+    fp32_set_opt_dtype  no dtype= given      -> run with dtype=float32
+    fp32_append_dtype   first input floating -> the overload with a dtype, float32
+    promote             floating XLA inputs -> widest floating input type
+    banned              raise the policy's explanation
+
+Eligibility, common to all: only floating, non-float64 tensors on an XLA
+device are cast; in-place and out= overloads and calls with an explicit
+dtype= are never autocast; ops in no category run in their inputs' types.
+
+Policy file format (TOML)::
+
+    name = "tpu"
+    description = "..."
+    default_dtype = "bfloat16"
+    supported_dtypes = ["bfloat16"]
+    [sources]                      # citation key -> document
+    "003" = "shared/seeds/003_... (PyTorch/XLA AMP, TPU lists)"
+    [lower_precision_fp]           # one table per category
+    "aten::matmul" = "003: __matmul__, matmul"       # op -> citation
+    [banned]
+    "aten::binary_cross_entropy" = { source = "002: ...", reason = "..." }
+"""
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import torch
+
+from xla_amp import ops
+
+CATEGORIES = (
+    "lower_precision_fp",
+    "fp32",
+    "fp32_set_opt_dtype",
+    "fp32_append_dtype",
+    "promote",
+    "banned",
+)
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _frozen(d: Mapping) -> Mapping:
+    return types.MappingProxyType(dict(d))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Policy:
+    """An immutable autocast policy. Identity equality: policies are values
+    that the engine compiles once each."""
+
+    name: str
+    default_dtype: torch.dtype
+    supported_dtypes: tuple[torch.dtype, ...]
+    categories: Mapping[str, str]                 # op name -> category
+    sources: Mapping[str, str] = dataclasses.field(default_factory=dict)  # op -> citation
+    banned_reasons: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    description: str = ""
+
+    def __post_init__(self):
+        for op, cat in self.categories.items():
+            if cat not in CATEGORIES:
+                raise ValueError(
+                    f"policy {self.name!r}: category {cat!r} of {op} is not one of "
+                    f"{', '.join(CATEGORIES)}")
+        if self.default_dtype not in self.supported_dtypes:
+            raise ValueError(
+                f"policy {self.name!r}: default dtype {self.default_dtype} is not "
+                "among its supported dtypes")
+        object.__setattr__(self, "categories", _frozen(self.categories))
+        object.__setattr__(self, "sources", _frozen(self.sources))
+        object.__setattr__(self, "banned_reasons", _frozen(self.banned_reasons))
+
+    def category(self, op: str) -> str | None:
+        """The category of `op` (``ns::name`` or ``ns::name.overload``), or None.
+
+        An overload not listed itself takes its base name's category.
+        Raises ValueError naming `op` if no such operator exists.
+        """
+        ops.validate(op)
+        if op in self.categories:
+            return self.categories[op]
+        ns, base, _ = ops.split(op)
+        return self.categories.get(f"{ns}::{base}")
+
+    def ops_in(self, category: str) -> tuple[str, ...]:
+        """The op names listed in `category`, sorted."""
+        if category not in CATEGORIES:
+            raise ValueError(f"unknown category {category!r}; one of {', '.join(CATEGORIES)}")
+        return tuple(sorted(op for op, c in self.categories.items() if c == category))
+
+    def with_overrides(self, *, name: str | None = None,
+                       lower_precision_fp: Iterable[str] = (),
+                       fp32: Iterable[str] = (),
+                       fp32_set_opt_dtype: Iterable[str] = (),
+                       fp32_append_dtype: Iterable[str] = (),
+                       promote: Iterable[str] = (),
+                       banned: Mapping[str, str] | Iterable[str] = (),
+                       remove: Iterable[str] = ()) -> "Policy":
+        """A new policy: these ops moved into these categories, `remove`d ops
+        autocast no more. Validates everything first; on error nothing changes
+        (policies are immutable) and the ValueError names the op.
+
+        `banned` may map op -> explanation shown when it is called.
+        """
+        requested = {
+            "lower_precision_fp": lower_precision_fp, "fp32": fp32,
+            "fp32_set_opt_dtype": fp32_set_opt_dtype,
+            "fp32_append_dtype": fp32_append_dtype, "promote": promote,
+            "banned": banned,
+        }
+        if isinstance(remove, str) or any(isinstance(v, str) for v in requested.values()):
+            raise TypeError("with_overrides takes lists of op names, not a single string")
+        moved: dict[str, str] = {}
+        for cat, names in requested.items():
+            for op in names:
+                ops.validate(op)
+                if op in moved and moved[op] != cat:
+                    raise ValueError(f"{op} is given two categories: {moved[op]} and {cat}")
+                moved[op] = cat
+        removed = list(remove)
+        for op in removed:
+            ops.validate(op)
+            if op in moved:
+                raise ValueError(f"{op} is both removed and put in category {moved[op]}")
+        for op, cat in moved.items():
+            check_op_fits(op, cat)
+        categories = dict(self.categories)
+        sources = dict(self.sources)
+        reasons = dict(self.banned_reasons)
+        for op in removed:
+            categories.pop(op, None)
+            sources.pop(op, None)
+            reasons.pop(op, None)
+        for op, cat in moved.items():
+            categories[op] = cat
+            sources[op] = "override"
+            reasons.pop(op, None)
+        if isinstance(banned, Mapping):
+            reasons.update(banned)
+        return dataclasses.replace(
+            self, name=name or f"{self.name}+overrides", categories=categories,
+            sources=sources, banned_reasons=reasons)
+
+    def replace_category(self, category: str, names: Iterable[str],
+                         source: str = "override") -> "Policy":
+        """A new policy whose `category` holds exactly `names` (ops listed
+        there before and not in `names` autocast no more)."""
+        names = list(names)
+        for op in names:
+            ops.validate(op)
+            check_op_fits(op, category)
+        categories = {op: c for op, c in self.categories.items() if c != category}
+        sources = {op: s for op, s in self.sources.items() if op in categories}
+        for op in names:
+            categories[op] = category
+            sources[op] = source
+        return dataclasses.replace(self, categories=categories, sources=sources)
+
+
+def check_op_fits(op: str, category: str) -> None:
+    """Raises ValueError if `op` cannot behave as `category` requires."""
+    if category == "fp32_set_opt_dtype":
+        for overload in ops.overloads(op):
+            if "dtype" not in [a.name for a in ops.schema(overload).arguments]:
+                raise ValueError(
+                    f"{overload} has no dtype argument, so it cannot be in category "
+                    "'fp32_set_opt_dtype'")
+    elif category == "fp32_append_dtype":
+        for overload in ops.overloads(op):
+            ops.append_dtype_target(overload)
+
+
+def _line_of(text: str, key: str) -> int:
+    for i, line in enumerate(text.splitlines(), 1):
+        if f'"{key}"' in line:
+            return i
+    return 0
+
+
+def load(path: str | Path) -> Policy:
+    """Reads a policy file. Errors name the file and line of the culprit."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read policy file: {e.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+    def where(key: str) -> str:
+        return f"{path}:{_line_of(text, key)}"
+
+    for key in ("name", "default_dtype", "supported_dtypes"):
+        if key not in data:
+            raise ValueError(f"{path}: missing required key {key!r}")
+    dtypes = []
+    for d in [data["default_dtype"], *data["supported_dtypes"]]:
+        if d not in _DTYPES:
+            raise ValueError(f"{where(d)}: dtype {d!r} is not one of {', '.join(_DTYPES)}")
+        dtypes.append(_DTYPES[d])
+
+    categories: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    reasons: dict[str, str] = {}
+    for section, entries in data.items():
+        if not isinstance(entries, dict) or section == "sources":
+            continue
+        if section not in CATEGORIES:
+            raise ValueError(f"{path}: [{section}] is not a category; one of {', '.join(CATEGORIES)}")
+        for op, value in entries.items():
+            try:
+                ops.validate(op)
+                check_op_fits(op, section)
+            except ValueError as e:
+                raise ValueError(f"{where(op)}: {e}") from None
+            if op in categories:
+                raise ValueError(
+                    f"{where(op)}: {op} is in two categories: [{categories[op]}] and [{section}]")
+            categories[op] = section
+            if isinstance(value, dict):
+                sources[op] = value.get("source", "")
+                if "reason" in value:
+                    reasons[op] = value["reason"]
+            else:
+                sources[op] = str(value)
+    return Policy(
+        name=data["name"], default_dtype=dtypes[0],
+        supported_dtypes=tuple(dict.fromkeys(dtypes[1:])), categories=categories,
+        sources=sources, banned_reasons=reasons,
+        description=data.get("description", ""))
