@@ -11,10 +11,12 @@ import torch_xla  # noqa: F401  (its AutocastXLA kernels must exist before ours)
 from xla_amp import _C  # noqa: F401
 from xla_amp import _engine, env_overrides, policies
 from xla_amp.autocast import autocast
+from xla_amp.grad_scaler import GradScaler
+from xla_amp import syncfree
 from xla_amp.policy import CATEGORIES, Policy
 
 env_overrides.load_from_environment()
 _engine.install()
 
-__all__ = ["autocast", "policies", "Policy", "CATEGORIES"]
+__all__ = ["autocast", "policies", "Policy", "CATEGORIES", "GradScaler", "syncfree"]
 __version__ = "0.1.0"

@@ -31,6 +31,9 @@ replaced_kernels = 0  # how many PyTorch/XLA kernels install() displaced
 
 def compile(policy: Policy) -> "_C.CompiledPolicy":
     """The engine's table for `policy`, built on first use and cached."""
+    table = _compiled.get(policy)  # lock-free fast path: entering a region
+    if table is not None:
+        return table
     with _lock:
         table = _compiled.get(policy)
         if table is not None:
@@ -44,6 +47,8 @@ def compile(policy: Policy) -> "_C.CompiledPolicy":
                 origin[overload] = op
         names = sorted(per_overload)
         slots, _ = _C.register_ops(names)
+        guarded = sorted({m for op in policy.categories for m in ops.mutating_overloads(op)})
+        _C.register_ops(guarded)  # pass-through: keeps in-place/out= uncast
         rows = []
         for name, slot in zip(names, slots):
             cat = per_overload[name]
@@ -59,8 +64,8 @@ def push(policy: Policy) -> None:
     _C.push_policy(compile(policy))
 
 
-def pop() -> None:
-    _C.pop_policy()
+pop = _C.pop_policy
+push_compiled = _C.push_policy
 
 
 def active_policy_name() -> str | None:

@@ -31,7 +31,7 @@ def _xla_device(device) -> torch.device:
         raise ValueError(f"autocast: {device!r} is not a device") from None
     if dev.type != "xla":
         raise ValueError(
-            f"autocast: device {device!r} is not an XLA device; pass an XLA device "
+            f"autocast: device '{dev}' is not an XLA device; pass an XLA device "
             "such as torch_xla.device() or 'xla:0' (use torch.autocast for others)")
     return dev
 
@@ -72,9 +72,10 @@ class autocast(torch.amp.autocast):
             enabled = False
             dtype = self.policy.default_dtype
         super().__init__("xla", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+        self._table = _engine.compile(self.policy)  # bad policies fail here, not on enter
 
     def __enter__(self):
-        _engine.push(self.policy)
+        _engine.push_compiled(self._table)
         try:
             return super().__enter__()
         except BaseException:

@@ -1,7 +1,8 @@
 """Operator names: validation and expansion to dispatcher overloads.
 
 Policies name ops as ``namespace::name`` (every autocastable overload) or
-``namespace::name.overload`` (that one). Python-level and informal names
+``namespace::name.overload`` (that one; ``namespace::name.default`` is the
+overload without a name, alone). Python-level and informal names
 from the reference documents (``__matmul__``, ``reflection_pad``) are mapped
 to aten names in the policy files, not here.
 
@@ -80,7 +81,8 @@ def _overloads_cached(name: str) -> tuple[str, ...]:
     if overload:
         if overload not in available:
             raise unknown_op_error(name)
-        return (name,)
+        # The dispatcher spells the unnamed overload without a suffix.
+        return (f"{ns}::{base}",) if overload == "default" else (name,)
     full = []
     for ov in available:
         if _is_autocastable(getattr(packet, ov)._schema):
@@ -95,6 +97,12 @@ def overloads(name: str) -> tuple[str, ...]:
     made with torch.library) is found once it exists.
     """
     return _overloads_cached(name)
+
+
+def canonical(name: str) -> str:
+    """The dispatcher's spelling of one overload: ``aten::mm.default`` -> ``aten::mm``."""
+    ns, base, overload = split(name)
+    return f"{ns}::{base}" if overload in ("", "default") else name
 
 
 def schema(name: str):
@@ -122,3 +130,24 @@ def append_dtype_target(name: str) -> str:
     raise ValueError(
         f"{name} has no overload that appends a dtype argument, so it cannot be "
         "in category 'fp32_append_dtype'")
+
+
+@functools.lru_cache(maxsize=None)
+def mutating_overloads(name: str) -> tuple[str, ...]:
+    """The in-place (``name_``) and ``out=`` overloads beside op `name`.
+
+    The engine registers a pass-through kernel for these: on XLA,
+    functionalization rewrites ``a.addmm_(b, c)`` into a fresh ``addmm`` call
+    that would otherwise meet the autocast kernel; the pass-through runs it
+    with AutocastXLA excluded, so in-place and out= calls stay uncast.
+    """
+    ns, base, overload = split(name)
+    found = []
+    for op_name in (base, base + "_"):
+        packet = _packet(ns, op_name)
+        if packet is None:
+            continue
+        for ov in packet.overloads():
+            if getattr(packet, ov)._schema.is_mutable:
+                found.append(f"{ns}::{op_name}" if ov == "default" else f"{ns}::{op_name}.{ov}")
+    return tuple(found)

@@ -30,6 +30,8 @@ Policy file format (TOML)::
     "aten::matmul" = "003: __matmul__, matmul"       # op -> citation
     [banned]
     "aten::binary_cross_entropy" = { source = "002: ...", reason = "..." }
+    [uncast]                       # optional: named by a document, left uncast
+    "aten::gelu" = "001: gelu (why it is not autocast here)"
 """
 from __future__ import annotations
 
@@ -71,6 +73,9 @@ class Policy:
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict)  # op -> citation
     banned_reasons: Mapping[str, str] = dataclasses.field(default_factory=dict)
     description: str = ""
+    # ops a reference document names that this policy deliberately leaves
+    # uncast (op -> citation and why); documentation only, never autocast
+    uncast: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         for op, cat in self.categories.items():
@@ -85,18 +90,28 @@ class Policy:
         object.__setattr__(self, "categories", _frozen(self.categories))
         object.__setattr__(self, "sources", _frozen(self.sources))
         object.__setattr__(self, "banned_reasons", _frozen(self.banned_reasons))
+        object.__setattr__(self, "uncast", _frozen(
+            {op: why for op, why in self.uncast.items() if op not in self.categories}))
 
     def category(self, op: str) -> str | None:
         """The category of `op` (``ns::name`` or ``ns::name.overload``), or None.
 
-        An overload not listed itself takes its base name's category.
+        An overload not listed itself takes its base name's category when
+        that name covers it (an autocastable overload); ``ns::name`` and
+        ``ns::name.default`` both mean the unnamed overload when asked here.
         Raises ValueError naming `op` if no such operator exists.
         """
         ops.validate(op)
         if op in self.categories:
             return self.categories[op]
-        ns, base, _ = ops.split(op)
-        return self.categories.get(f"{ns}::{base}")
+        ns, base, overload = ops.split(op)
+        if overload in ("", "default"):
+            # the unnamed overload, listed alone
+            return self.categories.get(f"{ns}::{base}.default" if not overload
+                                       else f"{ns}::{base}")
+        if op in ops.overloads(f"{ns}::{base}"):
+            return self.categories.get(f"{ns}::{base}")
+        return None
 
     def ops_in(self, category: str) -> tuple[str, ...]:
         """The op names listed in `category`, sorted."""
@@ -220,8 +235,15 @@ def load(path: str | Path) -> Policy:
     categories: dict[str, str] = {}
     sources: dict[str, str] = {}
     reasons: dict[str, str] = {}
+    uncast: dict[str, str] = {}
+    for op, value in data.get("uncast", {}).items():
+        try:
+            ops.validate(op)
+        except ValueError as e:
+            raise ValueError(f"{where(op)}: {e}") from None
+        uncast[op] = str(value)
     for section, entries in data.items():
-        if not isinstance(entries, dict) or section == "sources":
+        if not isinstance(entries, dict) or section in ("sources", "uncast"):
             continue
         if section not in CATEGORIES:
             raise ValueError(f"{path}: [{section}] is not a category; one of {', '.join(CATEGORIES)}")
@@ -234,6 +256,9 @@ def load(path: str | Path) -> Policy:
             if op in categories:
                 raise ValueError(
                     f"{where(op)}: {op} is in two categories: [{categories[op]}] and [{section}]")
+            if op in uncast:
+                raise ValueError(
+                    f"{where(op)}: {op} is both in [{section}] and in [uncast]")
             categories[op] = section
             if isinstance(value, dict):
                 sources[op] = value.get("source", "")
@@ -245,4 +270,4 @@ def load(path: str | Path) -> Policy:
         name=data["name"], default_dtype=dtypes[0],
         supported_dtypes=tuple(dict.fromkeys(dtypes[1:])), categories=categories,
         sources=sources, banned_reasons=reasons,
-        description=data.get("description", ""))
+        description=data.get("description", ""), uncast=uncast)

@@ -41,6 +41,9 @@ def get(name: str) -> Policy:
     """The policy registered as `name`; ValueError listing the valid names."""
     if isinstance(name, Policy):
         return name
+    policy = _registry.get(name)
+    if policy is not None:
+        return policy
     with _lock:
         if name not in _registry:
             if name not in builtin_names():

@@ -1,0 +1,108 @@
+"""Trace cost of autocast: building the forward+backward graph, no execution.
+
+    python benchmarks/trace_cost.py [--iters 200] [--rounds 3]
+
+Three variants, per model (a small CNN and an MLP, batch 64):
+  (a) no autocast
+  (b) PyTorch/XLA's own AutocastXLA kernels: torch.autocast("xla", bf16) in a
+      process that never imports xla_amp
+  (c) xla_amp.autocast(device, policy="tpu"): the same rules, our engine
+Times are the tracing thread's CPU time (time.thread_time), so other load on
+the machine does not count. Workers run in subprocesses (importing xla_amp replaces kernels for good),
+alternating over rounds; each reports the median µs per traced step. Printed:
+b/a (what autocast costs at all) and c/b (target <= 1.05).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+
+def models(torch):
+    nn = torch.nn
+
+    class CNN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(1, 32, 3)
+            self.conv2 = nn.Conv2d(32, 64, 3)
+            self.fc1 = nn.Linear(64 * 12 * 12, 128)
+            self.fc2 = nn.Linear(128, 10)
+
+        def forward(self, x):
+            x = torch.relu(self.conv1(x))
+            x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
+            x = torch.relu(self.fc1(torch.flatten(x, 1)))
+            return torch.log_softmax(self.fc2(x), 1)
+
+    mlp = nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(),
+                        nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10),
+                        nn.LogSoftmax(1))
+    return {"cnn": CNN(), "mlp": mlp}
+
+
+def worker(kind, iters):
+    os.environ.setdefault("PJRT_DEVICE", "CPU")
+    import torch
+    import torch_xla
+    if kind == "xla_amp":
+        import xla_amp
+        make_ctx = lambda dev: xla_amp.autocast(dev, policy="tpu")
+    else:
+        make_ctx = lambda dev: torch.autocast("xla", dtype=torch.bfloat16)
+    import contextlib
+    dev = torch_xla.device()
+    torch.manual_seed(0)
+    x = torch.randn(64, 1, 28, 28, device=dev)
+    y = torch.randint(0, 10, (64,), device=dev)
+    torch_xla.sync()
+    result = {}
+    for name, model in models(torch).items():
+        model = model.to(dev)
+        for variant, ctx in (("none", contextlib.nullcontext), ("autocast", lambda: make_ctx(dev))):
+            times = []
+            for i in range(iters + 20):
+                t0 = time.thread_time()
+                with ctx():
+                    loss = torch.nn.functional.nll_loss(model(x), y)
+                loss.backward()
+                t1 = time.thread_time()
+                for p in model.parameters():
+                    p.grad = None  # drop the pending graph: nothing executes
+                del loss
+                if i >= 20:
+                    times.append(t1 - t0)
+            result[f"{name}/{variant}"] = statistics.median(times) * 1e6
+    print(json.dumps(result))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--worker", choices=["stock", "xla_amp"])
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args.worker, args.iters)
+    runs = {"stock": [], "xla_amp": []}
+    for _ in range(args.rounds):
+        for kind in runs:
+            out = subprocess.run([sys.executable, __file__, "--worker", kind, "--iters",
+                                  str(args.iters)], capture_output=True, text=True, check=True)
+            runs[kind].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    med = lambda kind, key: statistics.median(r[key] for r in runs[kind])
+    print(f"Trace cost, forward+backward, batch 64, median µs/step over {args.rounds} rounds x {args.iters} steps")
+    print("| model | (a) no autocast | (b) PyTorch/XLA autocast | (c) xla_amp | b/a | c/b |")
+    print("|---|---|---|---|---|---|")
+    for model in ("cnn", "mlp"):
+        a = statistics.median([med("stock", f"{model}/none"), med("xla_amp", f"{model}/none")])
+        b = med("stock", f"{model}/autocast")
+        c = med("xla_amp", f"{model}/autocast")
+        print(f"| {model} | {a:.0f} | {b:.0f} | {c:.0f} | {b / a:.3f} | {c / b:.3f} |")
+
+
+if __name__ == "__main__":
+    main()

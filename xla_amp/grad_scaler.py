@@ -1,0 +1,464 @@
+"""`GradScaler`: ``torch.amp.GradScaler`` for XLA devices, without syncs.
+
+    scaler = GradScaler()
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)          # no device-to-host transfer
+    scaler.update()
+
+Algorithm (one iteration; scale and growth_tracker are device tensors)::
+
+    scale(loss)       -> loss * scale
+    unscale_(opt)     found_inf[opt] = any(!isfinite(g)); g *= 1/scale   (fused op)
+    step(opt)         unscale_(opt) unless done;
+                      syncfree opt: opt.step(found_inf=found_inf[opt])
+                      other opt:    masked step (below)
+    update()          found = sum(found_inf[*])
+                      found ? (scale *= backoff, tracker = 0)
+                            : (tracker += 1; tracker == interval ? scale *= growth, tracker = 0)
+
+Masked step for any other optimizer (``torch.optim.RMSprop``, ...)::
+
+    keep = found_inf != 0
+    snapshot params with a grad and the optimizer's state; opt.step()
+    p <- where(keep, p_old, p_new), same for each device state tensor
+    if the step created state or changed host-side values (a Python number,
+    a CPU step tensor): read found_inf once (a sync) and, when skipped,
+    restore them / drop the new entries.
+
+So an optimizer whose state lives on the device (``capturable=True`` for
+``torch.optim.Adam``-like ones, ``SGD``) is sync-free after its first step;
+one with host-side state stays correct at the cost of one transfer per
+step, announced by a warning printed once per optimizer class.
+
+Each optimizer goes through a state machine per iteration::
+
+    READY --unscale_--> UNSCALED --step--> STEPPED --update--> READY
+      \\----------------------step------------^
+"""
+from __future__ import annotations
+
+import enum
+import inspect
+import warnings
+from collections import defaultdict
+from typing import Any, Optional, Union
+
+import torch
+
+__all__ = ["GradScaler", "OptState"]
+
+
+class OptState(enum.Enum):
+    READY = 0      # nothing done this iteration
+    UNSCALED = 1   # grads unscaled and checked; found_inf recorded
+    STEPPED = 2    # optimizer stepped (or skipped); waits for update()
+
+
+class _PerOptimizer:
+    __slots__ = ("stage", "found_inf_per_device")
+
+    def __init__(self):
+        self.stage = OptState.READY
+        self.found_inf_per_device: dict[torch.device, torch.Tensor] = {}
+
+
+_warned_host_state: set[type] = set()
+_found_inf_kwarg: dict[type, bool] = {}
+
+
+def _takes_found_inf(optimizer) -> bool:
+    """xla_amp.syncfree optimizers, and others (PyTorch/XLA's syncfree ones)
+    whose step() takes a found_inf argument, skip on the device themselves."""
+    if getattr(optimizer, "_xla_amp_syncfree", False):
+        return True
+    cls = type(optimizer)
+    if cls not in _found_inf_kwarg:
+        try:
+            params = inspect.signature(optimizer.step).parameters
+        except (TypeError, ValueError):
+            params = {}
+        _found_inf_kwarg[cls] = "found_inf" in params
+    return _found_inf_kwarg[cls]
+
+
+class GradScaler:
+    """Dynamic loss scaling with ``torch.amp.GradScaler``'s schedule and
+    state-dict format, for parameters on an XLA device.
+
+    Args:
+        init_scale: initial scale factor.
+        growth_factor: factor (> 1) applied after ``growth_interval``
+            consecutive steps without inf/NaN gradients.
+        backoff_factor: factor (< 1) applied on a step with inf/NaN gradients.
+        growth_interval: number of clean steps between growths.
+        enabled: ``False`` makes every method a pass-through.
+    """
+
+    def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 2000,
+                 enabled: bool = True):
+        self._enabled = bool(enabled)
+        if self._enabled:
+            if not growth_factor > 1.0:
+                raise ValueError(f"GradScaler: growth_factor must be > 1.0, got {growth_factor}")
+            if not 0.0 < backoff_factor < 1.0:
+                raise ValueError(
+                    f"GradScaler: backoff_factor must be in (0, 1), got {backoff_factor}")
+            if not (isinstance(growth_interval, int) and growth_interval > 0):
+                raise ValueError(
+                    f"GradScaler: growth_interval must be a positive int, got {growth_interval!r}")
+            if not init_scale > 0:
+                raise ValueError(f"GradScaler: init_scale must be > 0, got {init_scale}")
+        self._init_scale = float(init_scale)
+        self._growth_factor = float(growth_factor)
+        self._backoff_factor = float(backoff_factor)
+        self._growth_interval = int(growth_interval)
+        self._init_growth_tracker = 0
+        # Created on the loss's device by the first scale() call.
+        self._scale: Optional[torch.Tensor] = None
+        self._growth_tracker: Optional[torch.Tensor] = None
+        self._per_optimizer: dict[int, _PerOptimizer] = defaultdict(_PerOptimizer)
+
+    # -- the iteration ------------------------------------------------------
+
+    def scale(self, outputs):
+        """Multiply a loss (or a tensor / nested list / tuple of them) by the
+        scale factor; call it on the loss before ``backward()``.
+
+        Returns ``outputs`` unchanged when disabled.
+        """
+        if not self._enabled:
+            return outputs
+        if isinstance(outputs, torch.Tensor):
+            self._check_xla(outputs.device, "scale(): the output")
+            if self._scale is None:
+                self._lazy_init(outputs.device)
+            return outputs * self._scale.to(outputs.device)
+
+        def apply(val):
+            if isinstance(val, torch.Tensor):
+                return self.scale(val)
+            if isinstance(val, list):
+                return [apply(v) for v in val]
+            if isinstance(val, tuple):
+                out = [apply(v) for v in val]
+                return type(val)(*out) if hasattr(val, "_fields") else type(val)(out)
+            raise ValueError(
+                f"GradScaler.scale: outputs must be a tensor or a list/tuple of tensors, "
+                f"got {type(val).__name__}")
+        return apply(outputs)
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide the optimizer's gradients by the scale and record whether
+        any is inf/NaN (on the device).
+
+        Optional: call it between ``backward()`` and :meth:`step` when you
+        need the true gradients (e.g. ``clip_grad_norm_``). At most once per
+        optimizer per iteration; :meth:`step` calls it otherwise.
+        """
+        if not self._enabled:
+            return
+        self._check_started("unscale_()")
+        st = self._per_optimizer[id(optimizer)]
+        if st.stage is OptState.UNSCALED:
+            raise RuntimeError(
+                "unscale_() has already been called on this optimizer since the last update().")
+        if st.stage is OptState.STEPPED:
+            raise RuntimeError("unscale_() is being called after step().")
+        grads = self._collect_grads(optimizer)  # validates before touching anything
+        # Reciprocal in double: exact for the power-of-two scales of the schedule
+        # and the same rounding as torch.amp.GradScaler otherwise.
+        inv_scale = self._scale.double().reciprocal().float()
+        found = {}
+        with torch.no_grad():
+            for device, per_dtype in grads.items():
+                f = torch.zeros((), dtype=torch.float32, device=device)
+                inv = inv_scale.to(device)
+                for gs in per_dtype.values():
+                    torch._amp_foreach_non_finite_check_and_unscale_(gs, f, inv)
+                found[device] = f
+        st.found_inf_per_device = found
+        st.stage = OptState.UNSCALED
+
+    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any):
+        """Unscale (unless :meth:`unscale_` was called) and update the
+        parameters, skipping the update when a gradient is inf/NaN.
+
+        Call once per optimizer per iteration, after ``backward()`` and
+        before :meth:`update`. Extra arguments go to ``optimizer.step``.
+        Sync-free for ``xla_amp.syncfree`` optimizers; see the module
+        docstring for others. Closures are not supported.
+        """
+        if not self._enabled:
+            return optimizer.step(*args, **kwargs)
+        if "closure" in kwargs or args:
+            raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
+        if "found_inf" in kwargs:
+            raise RuntimeError("GradScaler.step: found_inf is supplied by the scaler; do not pass it")
+        self._check_started("step()")
+        st = self._per_optimizer[id(optimizer)]
+        if st.stage is OptState.STEPPED:
+            raise RuntimeError("step() has already been called since the last update().")
+        if st.stage is OptState.READY:
+            self.unscale_(optimizer)
+        found_inf = self._combined_found_inf(st)
+        if _takes_found_inf(optimizer):
+            retval = optimizer.step(found_inf=found_inf, **kwargs)
+        else:
+            retval = _masked_step(optimizer, found_inf, kwargs)
+        st.stage = OptState.STEPPED
+        return retval
+
+    def update(self, new_scale: Union[float, torch.Tensor, None] = None) -> None:
+        """Update the scale factor from this iteration's inf/NaN checks (on
+        the device); call once per iteration after every :meth:`step`.
+
+        ``new_scale`` (a float or a 1-element device tensor) sets the scale
+        directly instead.
+        """
+        if not self._enabled:
+            return
+        self._check_started("update()")
+        if new_scale is not None:
+            if isinstance(new_scale, (int, float)) and not isinstance(new_scale, bool):
+                self._scale.fill_(float(new_scale))
+            elif (isinstance(new_scale, torch.Tensor) and new_scale.numel() == 1
+                  and not new_scale.requires_grad):
+                self._scale.copy_(new_scale.reshape(()).to(self._scale))
+            else:
+                raise ValueError(
+                    "GradScaler.update: new_scale must be a float or a 1-element tensor "
+                    f"with requires_grad=False, got {new_scale!r}")
+        else:
+            found = [f.to(self._scale.device)
+                     for st in self._per_optimizer.values()
+                     for f in st.found_inf_per_device.values()]
+            if not found:
+                raise RuntimeError(
+                    "update(): no inf checks were recorded prior to update(); call "
+                    "step() (or unscale_()) for at least one optimizer first.")
+            total = found[0]
+            for f in found[1:]:
+                total = total + f
+            torch._amp_update_scale_(self._scale, self._growth_tracker, total,
+                                     self._growth_factor, self._backoff_factor,
+                                     self._growth_interval)
+        self._per_optimizer = defaultdict(_PerOptimizer)
+
+    # -- queries and settings ---------------------------------------------
+
+    def get_scale(self) -> float:
+        """The current scale as a Python float (a device-to-host read: keep
+        it out of the training step). 1.0 when disabled."""
+        if not self._enabled:
+            return 1.0
+        return self._init_scale if self._scale is None else float(self._scale.item())
+
+    def is_enabled(self) -> bool:
+        """Whether this scaler is enabled."""
+        return self._enabled
+
+    def get_growth_factor(self) -> float:
+        return self._growth_factor
+
+    def set_growth_factor(self, new_factor: float) -> None:
+        self._growth_factor = float(new_factor)
+
+    def get_backoff_factor(self) -> float:
+        return self._backoff_factor
+
+    def set_backoff_factor(self, new_factor: float) -> None:
+        self._backoff_factor = float(new_factor)
+
+    def get_growth_interval(self) -> int:
+        return self._growth_interval
+
+    def set_growth_interval(self, new_interval: int) -> None:
+        self._growth_interval = int(new_interval)
+
+    def _get_growth_tracker(self) -> int:
+        if not self._enabled:
+            return 0
+        if self._growth_tracker is None:
+            return self._init_growth_tracker
+        return int(self._growth_tracker.item())
+
+    # -- checkpointing ----------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """``torch.amp.GradScaler``'s format: ``scale``, ``growth_factor``,
+        ``backoff_factor``, ``growth_interval``, ``_growth_tracker`` (empty
+        when disabled). Call it after :meth:`update`; it reads the scale
+        back to the host."""
+        if not self._enabled:
+            return {}
+        return {
+            "scale": self.get_scale(),
+            "growth_factor": self._growth_factor,
+            "backoff_factor": self._backoff_factor,
+            "growth_interval": self._growth_interval,
+            "_growth_tracker": self._get_growth_tracker(),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state dict of this class or of ``torch.amp.GradScaler``
+        (a no-op when disabled)."""
+        if not self._enabled:
+            return
+        if len(state_dict) == 0:
+            raise RuntimeError(
+                "The source state dict is empty, possibly because it was saved "
+                "from a disabled instance of GradScaler.")
+        missing = [k for k in ("scale", "growth_factor", "backoff_factor",
+                               "growth_interval", "_growth_tracker") if k not in state_dict]
+        if missing:
+            raise ValueError(f"GradScaler.load_state_dict: missing keys {missing}")
+        self._init_scale = float(state_dict["scale"])
+        self._growth_factor = float(state_dict["growth_factor"])
+        self._backoff_factor = float(state_dict["backoff_factor"])
+        self._growth_interval = int(state_dict["growth_interval"])
+        self._init_growth_tracker = int(state_dict["_growth_tracker"])
+        if self._scale is not None:
+            self._scale.fill_(self._init_scale)
+        if self._growth_tracker is not None:
+            self._growth_tracker.fill_(self._init_growth_tracker)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        if self._enabled:
+            if self._per_optimizer:
+                raise RuntimeError(
+                    "A GradScaler instance may only be pickled at the beginning "
+                    "of an iteration, or at the end after scaler.update().")
+            # device tensors do not pickle; keep the values
+            state["_init_scale"] = self.get_scale()
+            state["_init_growth_tracker"] = self._get_growth_tracker()
+            state["_scale"] = None
+            state["_growth_tracker"] = None
+            state["_per_optimizer"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._per_optimizer = defaultdict(_PerOptimizer)
+
+    # -- helpers ----------------------------------------------------------
+
+    def _lazy_init(self, device: torch.device) -> None:
+        self._scale = torch.full((), self._init_scale, dtype=torch.float32, device=device)
+        self._growth_tracker = torch.full((), self._init_growth_tracker,
+                                          dtype=torch.int32, device=device)
+
+    def _check_started(self, what: str) -> None:
+        if self._scale is None:
+            raise RuntimeError(
+                f"GradScaler.{what} called before scale(): the scale lives on the loss's "
+                "device and is created by scaler.scale(loss) earlier in the iteration.")
+
+    @staticmethod
+    def _check_xla(device: torch.device, what: str) -> None:
+        if device.type != "xla":
+            raise ValueError(
+                f"GradScaler: {what} is on '{device}', not on an XLA device; use "
+                "torch.amp.GradScaler for other devices")
+
+    def _collect_grads(self, optimizer) -> dict:
+        grads: dict = defaultdict(lambda: defaultdict(list))
+        for gi, group in enumerate(optimizer.param_groups):
+            for pi, p in enumerate(group["params"]):
+                if p.grad is None:
+                    continue
+                where = f"parameter {pi} of param group {gi}"
+                self._check_xla(p.device, where)
+                if p.grad.dtype == torch.float16:
+                    raise ValueError(
+                        f"Attempting to unscale FP16 gradients ({where}); keep the "
+                        "parameters in float32 and let autocast produce fp16 activations.")
+                if p.grad.is_sparse:
+                    raise ValueError(f"GradScaler: {where} has a sparse gradient (unsupported)")
+                grads[p.grad.device][p.grad.dtype].append(p.grad)
+        return grads
+
+    def _combined_found_inf(self, st: _PerOptimizer) -> torch.Tensor:
+        found = list(st.found_inf_per_device.values())
+        if not found:
+            raise RuntimeError("No inf checks were recorded for this optimizer.")
+        total = found[0]
+        for f in found[1:]:
+            total = total + f.to(total.device)
+        return total
+
+
+# -- masked step for optimizers that do not take found_inf ------------------
+
+def _is_device_tensor(v) -> bool:
+    return isinstance(v, torch.Tensor) and v.device.type == "xla"
+
+
+def _masked_step(optimizer, found_inf: torch.Tensor, kwargs: dict):
+    """Run ``optimizer.step()`` and undo it on the device when found_inf != 0
+    (see the module docstring); falls back to one sync where the device
+    cannot express the undo."""
+    keep = found_inf != 0
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    with torch.no_grad():
+        p_old = [p.detach().clone() for p in params]
+        before = {}
+        for p, st in optimizer.state.items():
+            before[p] = {k: (v, v.detach().clone() if isinstance(v, torch.Tensor) else v)
+                         for k, v in st.items()}
+    retval = optimizer.step(**kwargs)
+    needs_host = False  # some change that only the host can undo
+    host_state = False  # ... because the optimizer keeps state on the host
+    with torch.no_grad():
+        for p, old in zip(params, p_old):
+            p.copy_(torch.where(keep, old, p))
+        for p, st in optimizer.state.items():
+            prev = before.get(p)
+            if prev is None or set(st) - set(prev):
+                needs_host = True  # state created by this step
+            for k, v in st.items():
+                if prev is None or k not in prev:
+                    continue
+                obj, snap = prev[k]
+                if _is_device_tensor(v) and isinstance(snap, torch.Tensor) \
+                        and v.shape == snap.shape and v.device == snap.device:
+                    masked = torch.where(keep, snap.to(v.dtype), v)
+                    if v is obj:
+                        v.copy_(masked)
+                    else:
+                        st[k] = masked
+                elif isinstance(v, torch.Tensor) or isinstance(snap, torch.Tensor):
+                    if not (isinstance(v, torch.Tensor) and isinstance(snap, torch.Tensor)
+                            and v.shape == snap.shape and torch.equal(v, snap.to(v))):
+                        needs_host = host_state = True
+                elif v is not obj and v != snap:
+                    needs_host = host_state = True
+    if not needs_host:
+        return retval
+    if host_state and type(optimizer) not in _warned_host_state:
+        _warned_host_state.add(type(optimizer))
+        warnings.warn(
+            f"xla_amp.GradScaler: {type(optimizer).__name__} keeps part of its state on "
+            "the host (a Python number or CPU tensor, such as a step count), so each "
+            "scaler.step() reads found_inf back to the host once. Use an "
+            "xla_amp.syncfree optimizer, or capturable=True where the optimizer has it, "
+            "for a sync-free step.", stacklevel=3)
+    if bool(found_inf.item()):  # the documented sync: undo what the device cannot
+        with torch.no_grad():
+            for p in list(optimizer.state.keys()):
+                prev = before.get(p)
+                if prev is None:
+                    del optimizer.state[p]
+                    continue
+                st = optimizer.state[p]
+                for k in list(st):
+                    if k not in prev:
+                        del st[k]
+                for k, (obj, snap) in prev.items():
+                    if _is_device_tensor(obj) and k in st:
+                        continue  # already masked above
+                    if isinstance(obj, torch.Tensor):
+                        obj.copy_(snap)
+                    st[k] = obj
+    return retval

@@ -1,0 +1,220 @@
+"""Shared machinery of the sync-free optimizers.
+
+A sync-free optimizer computes a *candidate* update for every parameter and
+state tensor, then commits it under a device-side predicate::
+
+    keep = found_inf != 0                       # 0-dim bool, on the device
+    for each tensor t updated by the step (parameter, state, step count):
+        t <- where(keep, t, candidate(t))       # bit-identical when keep
+
+so whether a step is skipped is decided inside the XLA graph, never in
+Python. Hyperparameters (lr, betas, weight decay, ...) enter the graph as
+0-dim device tensors rather than as constants, so a new learning rate from a
+scheduler feeds new data to the same compiled graph instead of compiling a
+new one.
+
+State is kept on the device while training; ``state_dict()`` writes the
+format of the ``torch.optim`` namesake (a step count is a CPU float32
+tensor, as in ``torch.optim`` without ``capturable``) and
+``load_state_dict()`` accepts it, so checkpoints move freely between a
+sync-free optimizer and its ``torch.optim`` twin.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+# Scalars are uploaded once per distinct value; a scheduler produces a new
+# value every step, so the cache is cleared when it grows past this size.
+_SCALAR_CACHE_SIZE = 256
+
+
+class SyncFreeOptimizer(torch.optim.Optimizer):
+    """Base class: device checks, ``found_inf`` validation, masked commits,
+    hyperparameter scalars and ``torch.optim``-compatible state dicts.
+
+    Subclasses implement ``_update_group(group, keep)`` (compute and commit
+    one param group) and may override ``_export_state`` / ``_import_state``
+    to translate between the on-device state and ``torch.optim``'s format.
+
+    ``xla_amp.GradScaler`` recognises instances by ``_xla_amp_syncfree`` and
+    passes its device-side ``found_inf`` to :meth:`step`.
+    """
+
+    _xla_amp_syncfree = True
+
+    def __init__(self, params, defaults: dict[str, Any]):
+        self._scalars: dict[tuple, torch.Tensor] = {}
+        super().__init__(params, defaults)
+
+    # -- parameter groups ---------------------------------------------------
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a param group (as ``torch.optim.Optimizer.add_param_group``).
+
+        Raises ``ValueError`` naming the parameter when one is not on the
+        XLA device of the parameters already held; the optimizer is then
+        left as it was.
+        """
+        super().add_param_group(param_group)
+        try:
+            self._check_devices()
+        except ValueError:
+            self.param_groups.pop()  # leave the optimizer unchanged
+            raise
+
+    def _check_devices(self) -> torch.device:
+        device = None
+        for gi, group in enumerate(self.param_groups):
+            for pi, p in enumerate(group["params"]):
+                if p.device.type != "xla":
+                    raise ValueError(
+                        f"{type(self).__name__}: parameter {pi} of param group {gi} "
+                        f"(shape {tuple(p.shape)}) is on '{p.device}', not on an XLA "
+                        "device; move the model to torch_xla.device() before "
+                        "building the optimizer")
+                if p.is_complex() or not p.is_floating_point():
+                    raise ValueError(
+                        f"{type(self).__name__}: parameter {pi} of param group {gi} has "
+                        f"dtype {p.dtype}; only real floating-point parameters are supported")
+                if device is None:
+                    device = p.device
+                elif p.device != device:
+                    raise ValueError(
+                        f"{type(self).__name__}: parameter {pi} of param group {gi} is "
+                        f"on '{p.device}' but earlier parameters are on '{device}'; "
+                        "one sync-free optimizer serves one XLA device")
+        return device
+
+    # -- step ---------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure=None, found_inf: torch.Tensor | None = None):
+        """Update the parameters; call once per iteration after ``backward()``
+        (or let ``xla_amp.GradScaler.step`` call it).
+
+        Args:
+            closure: optional callable that re-evaluates the model and
+                returns the loss (run with gradients enabled).
+            found_inf: optional 0-dim tensor on the parameters' device.
+                Non-zero skips the whole update: parameters, every state
+                tensor and the step count keep their exact bits. The
+                decision is made on the device, so nothing is read back.
+
+        Returns the closure's loss, or ``None``.
+        """
+        device = self._check_devices()
+        keep = self._keep_mask(found_inf, device)
+        self._check_grads()
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            self._update_group(group, keep)
+        return loss
+
+    def _keep_mask(self, found_inf, device) -> torch.Tensor | None:
+        if found_inf is None:
+            return None
+        name = type(self).__name__
+        if not isinstance(found_inf, torch.Tensor):
+            raise ValueError(
+                f"{name}.step: found_inf must be a 0-dim tensor on {device}, "
+                f"got {type(found_inf).__name__}")
+        if found_inf.dim() != 0:
+            raise ValueError(
+                f"{name}.step: found_inf must be a 0-dim tensor, got shape "
+                f"{tuple(found_inf.shape)}")
+        if found_inf.device != device:
+            raise ValueError(
+                f"{name}.step: found_inf is on '{found_inf.device}' but the "
+                f"parameters are on '{device}'; a host-side flag would force a sync")
+        return found_inf != 0
+
+    def _check_grads(self) -> None:
+        # Checked for all groups before any update, so bad input changes nothing.
+        for gi, group in enumerate(self.param_groups):
+            for pi, p in enumerate(group["params"]):
+                g = p.grad
+                if g is None:
+                    continue
+                if g.is_sparse:
+                    raise ValueError(
+                        f"{type(self).__name__}: parameter {pi} of param group {gi} "
+                        "has a sparse gradient, which is not supported")
+                if g.shape != p.shape or g.device != p.device:
+                    raise ValueError(
+                        f"{type(self).__name__}: gradient of parameter {pi} of param "
+                        f"group {gi} has shape {tuple(g.shape)} on '{g.device}', "
+                        f"expected {tuple(p.shape)} on '{p.device}'")
+
+    def _update_group(self, group: dict[str, Any], keep: torch.Tensor | None) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def _commit(dst: torch.Tensor, new: torch.Tensor, keep: torch.Tensor | None) -> None:
+        """dst <- new, unless keep (device bool) says the step is skipped."""
+        if keep is None:
+            dst.copy_(new)
+        else:
+            dst.copy_(torch.where(keep, dst, new.to(dst.dtype)))
+
+    def _scalar(self, value, device: torch.device) -> torch.Tensor:
+        """A hyperparameter as a 0-dim float32 device tensor (graph input, not
+        a constant, so changing its value does not recompile)."""
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ValueError(
+                    f"{type(self).__name__}: a tensor hyperparameter must have one "
+                    f"element, got shape {tuple(value.shape)}")
+            return value.reshape(()).to(device=device, dtype=torch.float32)
+        key = (float(value), str(device))
+        t = self._scalars.get(key)
+        if t is None:
+            if len(self._scalars) >= _SCALAR_CACHE_SIZE:
+                self._scalars.clear()
+            t = torch.tensor(float(value), dtype=torch.float32, device=device)
+            self._scalars[key] = t
+        return t
+
+    # -- state dict -----------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state in the format of the ``torch.optim`` namesake.
+
+        Call it between steps (after ``torch_xla.sync()`` for a consistent
+        snapshot). It reads step counts back to the host in one transfer;
+        this is the only place the optimizer does so.
+        """
+        sd = super().state_dict()
+        # super() shares the live per-parameter dicts; build new ones.
+        items = [(k, dict(v)) for k, v in sd["state"].items()]
+        host = self._host_values([v for _, v in items])
+        sd["state"] = {k: self._export_state(v, host) for k, v in items}
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state dict of this optimizer or of its ``torch.optim`` twin;
+        state tensors move to the parameters' device."""
+        super().load_state_dict(state_dict)
+        for p, st in list(self.state.items()):
+            self._import_state(p, st)
+
+    def _host_values(self, states: list[dict[str, Any]]) -> dict[int, Any]:
+        """Read every device tensor that export needs on the host at once."""
+        wanted = [t for st in states for t in self._host_keys(st)]
+        if not wanted:
+            return {}
+        values = torch.stack([t.detach().reshape(()).float() for t in wanted]).cpu()
+        return {id(t): values[i].clone() for i, t in enumerate(wanted)}
+
+    def _host_keys(self, state: dict[str, Any]) -> list[torch.Tensor]:
+        return []
+
+    def _export_state(self, state: dict[str, Any], host: dict[int, Any]) -> dict[str, Any]:
+        return state
+
+    def _import_state(self, p: torch.Tensor, state: dict[str, Any]) -> None:
+        pass

@@ -1,0 +1,176 @@
+"""Sync-free Adam: ``torch.optim.Adam``'s numerics, skip decided on the device.
+
+Algorithm (per parameter p with gradient g; every ``<-`` is a masked commit,
+a no-op when found_inf != 0; ``t`` is a float32 device tensor)::
+
+    g  = -g if maximize
+    if decoupled_weight_decay:  p' = p * (1 - lr * weight_decay)     (AdamW)
+    else:                       p' = p;  g = g + weight_decay * p
+    t  <- t + 1
+    m  <- lerp(m, g, 1 - beta1)
+    v  <- beta2 * v + (1 - beta2) * g * g
+    vmax <- max(vmax, v)                     if amsgrad (v below means vmax)
+    denom = sqrt(v) / sqrt(1 - beta2 ** t) + eps
+    p  <- p' - lr / (1 - beta1 ** t) * m / denom
+
+(``1 - beta ** t`` is computed as ``-expm1(t * log(beta))`` with the log
+taken in double precision on the host, which keeps float32 close to
+``torch.optim``'s double-precision bias corrections.)
+
+The step count lives on the device (like ``torch.optim``'s ``capturable``
+mode) so the bias corrections follow skipped steps without a sync; the
+state dict stores it as a CPU float32 tensor, as ``torch.optim.Adam`` does.
+A step skipped on the first call leaves zero moments and ``t = 0``, which
+behaves exactly as the absent state of ``torch.optim``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from xla_amp.syncfree._base import SyncFreeOptimizer
+
+
+def _check_adam_args(name, lr, betas, eps, weight_decay, differentiable, fused):
+    if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+        raise ValueError(f"{name}: a tensor lr must have one element")
+    if not 0.0 <= lr:
+        raise ValueError(f"{name}: invalid learning rate: {lr}")
+    if not 0.0 <= eps:
+        raise ValueError(f"{name}: invalid epsilon value: {eps}")
+    if len(betas) != 2:
+        raise ValueError(f"{name}: betas must be a pair, got {betas!r}")
+    for i, b in enumerate(betas):
+        if not 0.0 <= b < 1.0:
+            raise ValueError(f"{name}: invalid beta parameter at index {i}: {b}")
+    if not 0.0 <= weight_decay:
+        raise ValueError(f"{name}: invalid weight_decay value: {weight_decay}")
+    if differentiable:
+        raise ValueError(f"{name}: differentiable=True is not supported by the sync-free {name}")
+    if fused:
+        raise ValueError(f"{name}: fused=True is not supported on XLA")
+
+
+class Adam(SyncFreeOptimizer):
+    """Adam with ``torch.optim.Adam``'s arguments.
+
+    ``foreach`` and ``capturable`` are accepted and ignored (the step count
+    is always on the device); ``differentiable`` and ``fused`` must be left
+    off. ``decoupled_weight_decay=True`` gives AdamW.
+    """
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+                 weight_decay=0.0, amsgrad=False, *, foreach=None, maximize=False,
+                 capturable=False, differentiable=False, fused=None,
+                 decoupled_weight_decay=False):
+        _check_adam_args(type(self).__name__, lr, betas, eps, weight_decay,
+                         differentiable, fused)
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                        amsgrad=amsgrad, maximize=maximize, foreach=foreach,
+                        capturable=capturable, differentiable=False, fused=None,
+                        decoupled_weight_decay=decoupled_weight_decay)
+        super().__init__(params, defaults)
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group.setdefault("amsgrad", False)
+            group.setdefault("maximize", False)
+            group.setdefault("foreach", None)
+            group.setdefault("capturable", False)
+            group.setdefault("differentiable", False)
+            group.setdefault("fused", None)
+            group.setdefault("decoupled_weight_decay", self._decoupled_default)
+
+    _decoupled_default = False
+
+    def _update_group(self, group: dict[str, Any], keep) -> None:
+        params = [p for p in group["params"] if p.grad is not None]
+        if not params:
+            return
+        dev = params[0].device
+        beta1, beta2 = group["betas"]
+        wd = group["weight_decay"]
+        decoupled = group["decoupled_weight_decay"]
+        amsgrad = group["amsgrad"]
+        lr = self._scalar(group["lr"], dev)
+        b2 = self._scalar(beta2, dev)
+        one_m_b1 = self._one_minus(beta1, dev)
+        one_m_b2 = self._one_minus(beta2, dev)
+        eps = self._scalar(group["eps"], dev)
+        # 1 - beta**t as -expm1(t * log(beta)), log taken in double precision:
+        # 1 - pow(beta, t) in float32 loses ~5 digits for beta2 = 0.999.
+        log_b1 = self._log_scalar(beta1, dev)
+        log_b2 = self._log_scalar(beta2, dev)
+        if wd != 0:
+            wd_t = self._scalar(wd, dev)
+        for p in params:
+            g = p.grad
+            if group["maximize"]:
+                g = -g
+            state = self.state[p]
+            if len(state) == 0:
+                state["step"] = torch.zeros((), dtype=torch.float32, device=dev)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                if amsgrad:
+                    state["max_exp_avg_sq"] = torch.zeros_like(
+                        p, memory_format=torch.preserve_format)
+            elif amsgrad and "max_exp_avg_sq" not in state:
+                # amsgrad switched on for existing state: start from zeros as torch.optim
+                state["max_exp_avg_sq"] = torch.zeros_like(
+                    p, memory_format=torch.preserve_format)
+            base = p
+            if wd != 0:
+                if decoupled:
+                    base = p * (1 - lr * wd_t)
+                else:
+                    g = g + wd_t * p
+            step = state["step"] + 1
+            exp_avg = torch.lerp(state["exp_avg"], g, one_m_b1.to(g.dtype))
+            exp_avg_sq = state["exp_avg_sq"] * b2 + one_m_b2 * g * g
+            bias1 = -torch.expm1(step * log_b1)
+            bias2_sqrt = torch.sqrt(-torch.expm1(step * log_b2))
+            if amsgrad:
+                vmax = torch.maximum(state["max_exp_avg_sq"], exp_avg_sq)
+                self._commit(state["max_exp_avg_sq"], vmax, keep)
+                second = vmax
+            else:
+                second = exp_avg_sq
+            denom = torch.sqrt(second) / bias2_sqrt + eps
+            new_p = base - (lr / bias1) * exp_avg / denom
+            self._commit(state["exp_avg"], exp_avg, keep)
+            self._commit(state["exp_avg_sq"], exp_avg_sq, keep)
+            self._commit(state["step"], step, keep)
+            self._commit(p, new_p, keep)
+
+    def _one_minus(self, beta, dev):
+        if isinstance(beta, torch.Tensor):
+            return 1 - self._scalar(beta, dev)
+        return self._scalar(1.0 - beta, dev)  # in double, then rounded once
+
+    def _log_scalar(self, beta, dev):
+        if isinstance(beta, torch.Tensor):
+            return torch.log(self._scalar(beta, dev))
+        return self._scalar(math.log(beta) if beta > 0 else -math.inf, dev)
+
+    # torch.optim.Adam state: {"step": CPU float32 tensor, "exp_avg",
+    # "exp_avg_sq"[, "max_exp_avg_sq"]}.
+    def _host_keys(self, state):
+        step = state.get("step")
+        return [step] if isinstance(step, torch.Tensor) and step.device.type == "xla" else []
+
+    def _export_state(self, state, host):
+        step = state.get("step")
+        if isinstance(step, torch.Tensor) and id(step) in host:
+            state["step"] = host[id(step)]
+        return state
+
+    def _import_state(self, p, state):
+        if "step" in state:
+            step = state["step"]
+            if not isinstance(step, torch.Tensor):
+                step = torch.tensor(float(step))
+            state["step"] = step.detach().reshape(()).to(dtype=torch.float32, device=p.device)

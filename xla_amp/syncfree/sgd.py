@@ -1,0 +1,123 @@
+"""Sync-free SGD: ``torch.optim.SGD``'s numerics, skip decided on the device.
+
+Algorithm (per parameter p with gradient g; every ``<-`` is a masked commit,
+a no-op when found_inf != 0)::
+
+    g = -g if maximize
+    g = g + weight_decay * p                       if weight_decay != 0
+    if momentum != 0:
+        buf  = ready ? momentum * buf + (1 - dampening) * g : g
+        ready <- 1
+        d    = g + momentum * buf if nesterov else buf
+    else:
+        d    = g
+    p <- p - lr * d
+
+``torch.optim.SGD`` creates the momentum buffer on the first step as a plain
+copy of the gradient (no dampening). Python cannot know whether that first
+step was skipped, so the buffer exists from the first call, zero-filled, and
+a 0-dim device flag ``ready`` tells whether it holds a value yet. The flag
+never leaves the device while training; ``state_dict()`` drops buffers that
+are not ready, matching ``torch.optim.SGD``'s absent buffer.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from xla_amp.syncfree._base import SyncFreeOptimizer
+
+_READY = "momentum_buffer_ready"  # internal key, never in a state dict
+
+
+class SGD(SyncFreeOptimizer):
+    """Stochastic gradient descent with ``torch.optim.SGD``'s arguments.
+
+    ``foreach`` is accepted and ignored; ``differentiable`` and ``fused``
+    must be left off.
+    """
+
+    def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0,
+                 weight_decay=0.0, nesterov=False, *, maximize=False,
+                 foreach=None, differentiable=False, fused=None):
+        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+            raise ValueError("SGD: a tensor lr must have one element")
+        if lr < 0.0:
+            raise ValueError(f"SGD: invalid learning rate: {lr}")
+        if momentum < 0.0:
+            raise ValueError(f"SGD: invalid momentum value: {momentum}")
+        if weight_decay < 0.0:
+            raise ValueError(f"SGD: invalid weight_decay value: {weight_decay}")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("SGD: Nesterov momentum requires a momentum and zero dampening")
+        if differentiable:
+            raise ValueError("SGD: differentiable=True is not supported by the sync-free SGD")
+        if fused:
+            raise ValueError("SGD: fused=True is not supported on XLA")
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
+                        weight_decay=weight_decay, nesterov=nesterov,
+                        maximize=maximize, foreach=foreach,
+                        differentiable=False, fused=None)
+        super().__init__(params, defaults)
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group.setdefault("nesterov", False)
+            group.setdefault("maximize", False)
+            group.setdefault("foreach", None)
+            group.setdefault("differentiable", False)
+            group.setdefault("fused", None)
+
+    def _update_group(self, group: dict[str, Any], keep) -> None:
+        params = [p for p in group["params"] if p.grad is not None]
+        if not params:
+            return
+        dev = params[0].device
+        momentum = group["momentum"]
+        wd = group["weight_decay"]
+        lr = self._scalar(group["lr"], dev)
+        if wd != 0:
+            wd_t = self._scalar(wd, dev)
+        if momentum != 0:
+            m_t = self._scalar(momentum, dev)
+            damp_t = self._scalar(1.0 - group["dampening"], dev)
+        for p in params:
+            g = p.grad
+            if group["maximize"]:
+                g = -g
+            if wd != 0:
+                g = g + wd_t * p
+            if momentum != 0:
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(
+                        p, memory_format=torch.preserve_format)
+                    state[_READY] = torch.zeros((), dtype=torch.float32, device=dev)
+                buf, ready = state["momentum_buffer"], state[_READY]
+                new_buf = torch.where(ready > 0, buf * m_t + damp_t * g, g)
+                self._commit(buf, new_buf, keep)
+                self._commit(ready, torch.ones_like(ready), keep)
+                d = g + m_t * new_buf if group["nesterov"] else new_buf
+            else:
+                d = g
+            self._commit(p, p - lr * d, keep)
+
+    # torch.optim.SGD state: {"momentum_buffer": tensor}, present once used.
+    def _host_keys(self, state):
+        return [state[_READY]] if _READY in state else []
+
+    def _export_state(self, state, host):
+        ready = state.pop(_READY, None)
+        if ready is not None and not bool(host[id(ready)] > 0):
+            state.pop("momentum_buffer", None)
+        return state
+
+    def _import_state(self, p, state):
+        buf = state.get("momentum_buffer")
+        if buf is None:
+            state.pop("momentum_buffer", None)
+            state.pop(_READY, None)
+        elif _READY not in state:
+            state[_READY] = torch.ones((), dtype=torch.float32, device=p.device)
