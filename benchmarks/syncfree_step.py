@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import statistics
 import sys
 import time
 
@@ -86,54 +87,63 @@ def make_path(name, opt_name, params, dev, lr):
     raise ValueError(name)
 
 
-def run(name, args, dev, data):
-    torch.manual_seed(0)
-    model = MNISTNet().to(dev)
-    opt, scaler, amp = make_path(name, args.optimizer, model.parameters(), dev, args.lr)
-    sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.99)
-    x, y, one, inf = data
+class Path:
+    """One compared training loop; ``measure(n)`` runs n more steps."""
 
-    def train_step(i):
-        opt.zero_grad(set_to_none=True)
+    def __init__(self, name, args, dev, data):
+        torch.manual_seed(0)
+        self.name, self.data = name, data
+        self.model = MNISTNet().to(dev)
+        self.opt, self.scaler, self.amp = make_path(
+            name, args.optimizer, self.model.parameters(), dev, args.lr)
+        self.sched = torch.optim.lr_scheduler.ExponentialLR(self.opt, gamma=0.99)
+        self.i = 0
+        self.counts = {"TransferFromDeviceTime": 0, "ExecuteTime": 0, "CompileTime": 0}
+        self.ms: list[float] = []
+        self.loss = None
+
+    def train_step(self):
+        x, y, one, inf = self.data
+        self.opt.zero_grad(set_to_none=True)
         # overflow injected through the data; a device-side factor keeps one graph
-        xb = x * (inf if i % 5 == 4 else one)
-        with amp():
-            loss = F.nll_loss(model(xb), y)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        sched.step()
+        xb = x * (inf if self.i % 5 == 4 else one)
+        with self.amp():
+            loss = F.nll_loss(self.model(xb), y)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        self.sched.step()
         torch_xla.sync()
-        return loss
+        self.i += 1
+        self.loss = loss
 
-    for i in range(args.warmup):
-        train_step(i)
-    xm.wait_device_ops()
-    met.clear_all()
-    t0 = time.perf_counter()
-    for i in range(args.warmup, args.warmup + args.steps):
-        loss = train_step(i)
-    xm.wait_device_ops()
-    ms = (time.perf_counter() - t0) * 1e3 / args.steps
+    def measure(self, n):
+        xm.wait_device_ops()
+        met.clear_all()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            self.train_step()
+        xm.wait_device_ops()
+        self.ms.append((time.perf_counter() - t0) * 1e3 / n)
+        for k in self.counts:
+            data = met.metric_data(k)
+            self.counts[k] += 0 if data is None else data[0]
 
-    def count(metric):
-        data = met.metric_data(metric)
-        return 0 if data is None else data[0]
-
-    row = dict(path=name, transfers=count("TransferFromDeviceTime") / args.steps,
-               executions=count("ExecuteTime") / args.steps,
-               compilations=count("CompileTime"), ms=ms)
-    # read back only after measuring: a sanity check that training went on
-    row["scale"] = scaler.get_scale()
-    row["loss"] = float(loss.item())
-    return row
+    def row(self, steps):
+        return dict(path=self.name, transfers=self.counts["TransferFromDeviceTime"] / steps,
+                    executions=self.counts["ExecuteTime"] / steps,
+                    compilations=self.counts["CompileTime"],
+                    ms=statistics.median(self.ms),
+                    # read back only after measuring: training went on
+                    scale=self.scaler.get_scale(), loss=float(self.loss.item()))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="adam")
-    ap.add_argument("--steps", type=int, default=50, help="measured steps per path")
+    ap.add_argument("--steps", type=int, default=100, help="measured steps per path")
     ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--paths", default="xla_amp,torch.amp,torch_xla,xla_amp+optim")
@@ -145,10 +155,20 @@ def main():
             torch.randint(0, 10, (args.batch,), generator=g).to(dev),
             torch.tensor(1.0).to(dev), torch.tensor(math.inf).to(dev))
 
-    rows = [run(name, args, dev, data) for name in args.paths.split(",")]
+    paths = [Path(name, args, dev, data) for name in args.paths.split(",")]
+    for p in paths:
+        for _ in range(args.warmup):
+            p.train_step()
+    # Rounds interleave the paths so that load from other processes hits them
+    # alike; ms/step is the median over rounds.
+    per_round = max(1, args.steps // args.rounds)
+    for _ in range(args.rounds):
+        for p in paths:
+            p.measure(per_round)
+    rows = [p.row(per_round * args.rounds) for p in paths]
     stock = next((r["ms"] for r in rows if r["path"] == "torch.amp"), None)
     print(f"\nMNIST CNN, batch {args.batch}, bf16 autocast, {args.optimizer}, "
-          f"{args.steps} steps after {args.warmup} warm-up, overflow every 5th step, "
+          f"{per_round * args.rounds} steps ({args.rounds} interleaved rounds, median) after {args.warmup} warm-up, overflow every 5th step, "
           f"lr changed every step; device {xm.xla_device_hw(dev)}\n")
     print("| path | D2H transfers/step | executions/step | compilations | ms/step "
           "| speed-up vs torch.amp | final scale |")

@@ -94,6 +94,9 @@ PYBIND11_MODULE(_C, m) {
       }
     });
   }, "fn() -> CompiledPolicy | None, called once when a default is first needed.");
+  m.def("active_policy", []() -> std::shared_ptr<PolicyTable> {
+    return std::const_pointer_cast<PolicyTable>(xla_amp::active_policy_shared());
+  }, "The calling thread's active compiled policy, or None.");
   m.def("active_policy_name", []() -> py::object {
     const PolicyTable* t = xla_amp::active_policy();
     if (t == nullptr) return py::none();

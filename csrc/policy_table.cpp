@@ -40,6 +40,11 @@ const PolicyTable* active_policy() {
   return cached.get();
 }
 
+PolicyPtr active_policy_shared() {
+  if (!tls_policy_stack.empty()) return tls_policy_stack.back();
+  return resolve_default();
+}
+
 void push_thread_policy(PolicyPtr table) {
   tls_policy_stack.push_back(std::move(table));
 }

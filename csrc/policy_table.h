@@ -36,6 +36,9 @@ using PolicyPtr = std::shared_ptr<const PolicyTable>;
 
 // The table the calling thread's autocast kernels use now, or nullptr.
 const PolicyTable* active_policy();
+// The same table, shared: for carrying a region's policy to another thread
+// (autograd runs backward on its own device thread).
+PolicyPtr active_policy_shared();
 
 void push_thread_policy(PolicyPtr table);
 void pop_thread_policy();

@@ -1,0 +1,276 @@
+"""xla_amp.syncfree: parity with torch.optim, device-side skip, state dicts."""
+import copy
+import itertools
+
+import pytest
+import torch
+import torch_xla
+import torch_xla.debug.metrics as met
+
+from xla_amp import syncfree
+
+STEPS = 20
+SHAPES = [(5, 3), (7,), (4,)]
+
+
+def _init(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g) for s in SHAPES]
+
+
+def _grads(steps=STEPS, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [[torch.randn(s, generator=g) for s in SHAPES] for _ in range(steps)]
+
+
+def _groups(params, lr):
+    # two groups (the second at half the learning rate); the last parameter
+    # never gets a gradient and must stay untouched
+    return [{"params": params[:1]}, {"params": params[1:], "lr": lr / 2}]
+
+
+def _run(opt_cls, kw, device, grads, skip=(), found_inf_on=()):
+    """Train on `device`; steps in `skip` are left out, steps in
+    `found_inf_on` get found_inf=1 (the sync-free way to skip)."""
+    params = [t.clone().to(device).requires_grad_() for t in _init()]
+    opt = opt_cls(_groups(params, kw["lr"]), **kw)
+    for i, gs in enumerate(grads):
+        if i in skip:
+            continue
+        for p, g in zip(params[:2], gs):
+            p.grad = g.to(device)
+        if found_inf_on:
+            flag = torch.tensor(1.0 if i in found_inf_on else 0.0).to(device)
+            opt.step(found_inf=flag)
+        else:
+            opt.step()
+        if device.type == "xla":
+            torch_xla.sync()
+    return [p.detach().cpu() for p in params], opt
+
+
+def _sgd_cases():
+    for momentum, dampening, nesterov, wd, maximize in itertools.product(
+            [0.0, 0.9], [0.0, 0.5], [False, True], [0.0, 0.1], [False, True]):
+        if nesterov and (momentum == 0 or dampening != 0):
+            continue
+        if momentum == 0 and dampening != 0:
+            continue  # dampening is unused without momentum
+        yield dict(lr=0.05, momentum=momentum, dampening=dampening, nesterov=nesterov,
+                   weight_decay=wd, maximize=maximize)
+
+
+def _adam_cases():
+    for wd, amsgrad, maximize in itertools.product([0.0, 0.1], [False, True], [False, True]):
+        yield dict(lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=wd,
+                   amsgrad=amsgrad, maximize=maximize)
+
+
+CASES = ([("SGD", kw) for kw in _sgd_cases()]
+         + [("Adam", kw) for kw in _adam_cases()]
+         + [("AdamW", kw) for kw in _adam_cases()])
+
+
+def _case_id(case):
+    name, kw = case
+    return name + "-" + "-".join(f"{k}={v}" for k, v in kw.items() if k not in ("lr", "eps", "betas"))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
+def test_parity_with_torch_optim(case, device):
+    name, kw = case
+    grads = _grads()
+    ref, _ = _run(getattr(torch.optim, name), kw, torch.device("cpu"), grads)
+    out, _ = _run(getattr(syncfree, name), kw, device, grads)
+    for r, o in zip(ref, out):
+        torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-6)
+    assert torch.equal(out[2], _init()[2])  # no grad: untouched
+
+
+@pytest.mark.parametrize("name,kw", [
+    ("SGD", dict(lr=0.05, momentum=0.9, dampening=0.5)),
+    ("Adam", dict(lr=0.01, amsgrad=True)),
+    ("AdamW", dict(lr=0.01)),
+])
+def test_found_inf_skips_like_a_missing_step(name, kw, device):
+    # skipping step 0 (state not created yet in torch.optim) and step 3
+    grads = _grads(8)
+    ref, _ = _run(getattr(torch.optim, name), kw, torch.device("cpu"), grads, skip={0, 3})
+    out, opt = _run(getattr(syncfree, name), kw, device, grads, found_inf_on={0, 3})
+    for r, o in zip(ref, out):
+        torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-6)
+
+
+def _snapshot(opt):
+    params = [p.detach().cpu().clone() for g in opt.param_groups for p in g["params"]]
+    state = {id(p): {k: v.detach().cpu().clone() for k, v in st.items()}
+             for p, st in opt.state.items()}
+    return params, state
+
+
+@pytest.mark.parametrize("name,kw", [
+    ("SGD", dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.1)),
+    ("Adam", dict(lr=0.01, amsgrad=True, weight_decay=0.1)),
+    ("AdamW", dict(lr=0.01, maximize=True)),
+])
+def test_skip_is_bit_exact(name, kw, device):
+    _, opt = _run(getattr(syncfree, name), kw, device, _grads(3))
+    before = _snapshot(opt)
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for p in params[:2]:
+        p.grad = torch.full_like(p, float("inf"))
+    opt.step(found_inf=torch.tensor(1.0).to(device))
+    torch_xla.sync()
+    after = _snapshot(opt)
+    for a, b in zip(before[0], after[0]):
+        assert torch.equal(a, b)
+    assert before[1].keys() == after[1].keys()
+    for pid, st in before[1].items():
+        assert st.keys() == after[1][pid].keys()
+        for k in st:
+            assert torch.equal(st[k], after[1][pid][k]), k
+
+
+def test_first_step_skipped_leaves_no_momentum_buffer(device):
+    p = torch.ones(3, device=device, requires_grad=True)
+    opt = syncfree.SGD([p], lr=0.1, momentum=0.9)
+    p.grad = torch.full((3,), float("nan"), device=device)
+    opt.step(found_inf=torch.tensor(2.0).to(device))
+    torch_xla.sync()
+    assert opt.state_dict()["state"] == {} or "momentum_buffer" not in opt.state_dict()["state"][0]
+    assert torch.equal(p.detach().cpu(), torch.ones(3))
+
+
+@pytest.mark.parametrize("name,kw", [
+    ("SGD", dict(lr=0.05, momentum=0.9, dampening=0.3)),
+    ("Adam", dict(lr=0.01, amsgrad=True)),
+    ("AdamW", dict(lr=0.01, weight_decay=0.05)),
+])
+def test_state_dict_round_trip_and_torch_optim_twin(name, kw, device):
+    grads = _grads(10)
+    first, rest = grads[:5], grads[5:]
+
+    def continue_run(opt_cls, state_dict):
+        params = [t.clone().to(device).requires_grad_() for t in _init()]
+        opt = opt_cls(_groups(params, kw["lr"]), **kw)
+        for i, gs in enumerate(first):  # the same parameters as when saved ...
+            for p, g in zip(params[:2], gs):
+                p.grad = g.to(device)
+            opt.step()
+            torch_xla.sync()
+        opt2 = opt_cls(_groups(params, kw["lr"]), **kw)  # ... a fresh optimizer
+        # deepcopy: like torch.optim, loading shares tensors with the dict
+        opt2.load_state_dict(copy.deepcopy(state_dict))
+        for gs in rest:
+            for p, g in zip(params[:2], gs):
+                p.grad = g.to(device)
+            opt2.step()
+            torch_xla.sync()
+        return [p.detach().cpu() for p in params]
+
+    ours_cls, torch_cls = getattr(syncfree, name), getattr(torch.optim, name)
+    full_ours, _ = _run(ours_cls, kw, device, grads)
+    _, ours5 = _run(ours_cls, kw, device, first)
+    _, torch5 = _run(torch_cls, kw, device, first)
+    sd_ours, sd_torch = ours5.state_dict(), torch5.state_dict()
+
+    # same format as torch.optim
+    assert sd_ours["state"].keys() == sd_torch["state"].keys()
+    for k in sd_torch["state"]:
+        assert sd_ours["state"][k].keys() == sd_torch["state"][k].keys()
+        if "step" in sd_torch["state"][k]:
+            assert sd_ours["state"][k]["step"].device.type == "cpu"
+            assert float(sd_ours["state"][k]["step"]) == float(sd_torch["state"][k]["step"])
+    for go, gt in zip(sd_ours["param_groups"], sd_torch["param_groups"]):
+        assert go.keys() == gt.keys()
+
+    # syncfree -> syncfree: bit-identical continuation
+    for a, b in zip(continue_run(ours_cls, sd_ours), full_ours):
+        assert torch.equal(a, b)
+    # torch.optim -> syncfree and syncfree -> torch.optim
+    for a, b in zip(continue_run(ours_cls, sd_torch), full_ours):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(continue_run(torch_cls, sd_ours), full_ours):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["SGD", "AdamW"])
+def test_lr_schedule_does_not_recompile_or_sync(name, device):
+    params = [t.clone().to(device).requires_grad_() for t in _init()]
+    kw = dict(lr=0.1, momentum=0.9) if name == "SGD" else dict(lr=0.01)
+    opt = getattr(syncfree, name)(params, **kw)
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.9)
+    grads = [[g.to(device) for g in gs] for gs in _grads(8)]
+    flags = [torch.tensor(float(i % 3 == 2)).to(device) for i in range(8)]
+    torch_xla.sync()
+    for i in range(8):
+        if i == 3:
+            met.clear_all()
+        for p, g in zip(params, grads[i]):
+            p.grad = g
+        opt.step(found_inf=flags[i])
+        sched.step()
+        torch_xla.sync()
+    assert (met.metric_data("CompileTime") or [0])[0] == 0
+    assert (met.metric_data("TransferFromDeviceTime") or [0])[0] == 0
+    assert (met.metric_data("ExecuteTime") or [0])[0] == 5
+
+
+def test_closure_is_evaluated(device):
+    p = torch.tensor([1.0, 2.0], device=device, requires_grad=True)
+    opt = syncfree.SGD([p], lr=0.5)
+
+    def closure():
+        opt.zero_grad()
+        loss = (p * p).sum()
+        loss.backward()
+        return loss
+
+    loss = opt.step(closure)
+    torch_xla.sync()
+    assert float(loss.detach()) == 5.0
+    assert torch.equal(p.detach().cpu(), torch.tensor([0.0, 0.0]))
+
+
+# -- bad input ----------------------------------------------------------------
+
+@pytest.mark.parametrize("cls", [syncfree.SGD, syncfree.Adam, syncfree.AdamW])
+def test_params_not_on_xla_rejected(cls, device):
+    with pytest.raises(ValueError, match="not on an XLA device"):
+        cls([torch.zeros(2, requires_grad=True)], lr=0.1)
+    opt = cls([torch.zeros(2, device=device, requires_grad=True)], lr=0.1)
+    with pytest.raises(ValueError, match="parameter 0 of param group 1"):
+        opt.add_param_group({"params": [torch.zeros(2, requires_grad=True)]})
+    assert len(opt.param_groups) == 1
+
+
+@pytest.mark.parametrize("bad,match", [
+    (torch.zeros(1), "0-dim"),          # shape (1,), also on the host
+    ("cpu-scalar", "is on 'cpu'"),
+    (1.0, "0-dim tensor"),
+])
+def test_bad_found_inf_rejected_and_changes_nothing(bad, match, device):
+    if isinstance(bad, str):
+        bad = torch.tensor(0.0)
+    elif isinstance(bad, torch.Tensor):
+        bad = bad.to(device)
+    p = torch.ones(3, device=device, requires_grad=True)
+    opt = syncfree.Adam([p], lr=0.1)
+    p.grad = torch.ones(3, device=device)
+    with pytest.raises(ValueError, match=match):
+        opt.step(found_inf=bad)
+    torch_xla.sync()
+    assert len(opt.state) == 0
+    assert torch.equal(p.detach().cpu(), torch.ones(3))
+
+
+def test_bad_hyperparameters_rejected(device):
+    p = [torch.zeros(2, device=device, requires_grad=True)]
+    with pytest.raises(ValueError, match="Nesterov"):
+        syncfree.SGD(p, lr=0.1, nesterov=True)
+    with pytest.raises(ValueError, match="beta parameter at index 1"):
+        syncfree.Adam(p, betas=(0.9, 1.0))
+    with pytest.raises(ValueError, match="learning rate"):
+        syncfree.AdamW(p, lr=-1.0)
+    with pytest.raises(ValueError, match="fused"):
+        syncfree.Adam(p, fused=True)

@@ -1,0 +1,62 @@
+"""custom_fwd / custom_bwd for autograd Functions under XLA autocast.
+
+The meaning of torch.amp.custom_fwd / custom_bwd, with device_type "xla" by
+default, plus one XLA-specific duty: autograd runs backward on its own
+device thread, where the forward's xla_amp policy is not active. custom_fwd
+records the forward's compiled policy on ctx; custom_bwd makes it the active
+one while backward runs, so backward autocasts by the same rules.
+
+    class MyMM(torch.autograd.Function):
+        @staticmethod
+        @xla_amp.custom_fwd(cast_inputs=torch.float32)   # or no args
+        def forward(ctx, a, b): ...
+        @staticmethod
+        @xla_amp.custom_bwd
+        def backward(ctx, grad): ...
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from xla_amp import _C
+
+
+def custom_fwd(fwd=None, *, device_type: str = "xla", cast_inputs: torch.dtype | None = None):
+    """Decorates a Function's forward; see torch.amp.custom_fwd.
+
+    With `cast_inputs`, forward runs with autocast off and its floating
+    inputs cast to that dtype when called inside an autocast region.
+    """
+    if fwd is None:
+        return functools.partial(custom_fwd, device_type=device_type, cast_inputs=cast_inputs)
+    inner = torch.amp.custom_fwd(fwd, device_type=device_type, cast_inputs=cast_inputs)
+
+    @functools.wraps(fwd)
+    def forward(ctx, *args, **kwargs):
+        ctx._xla_amp_policy = _C.active_policy() if device_type == "xla" else None
+        return inner(ctx, *args, **kwargs)
+
+    return forward
+
+
+def custom_bwd(bwd=None, *, device_type: str = "xla"):
+    """Decorates a Function's backward; it runs with the forward's autocast
+    state (enabled, dtype and, on XLA, xla_amp policy)."""
+    if bwd is None:
+        return functools.partial(custom_bwd, device_type=device_type)
+    inner = torch.amp.custom_bwd(bwd, device_type=device_type)
+
+    @functools.wraps(bwd)
+    def backward(ctx, *grads):
+        table = getattr(ctx, "_xla_amp_policy", None)
+        if table is None:
+            return inner(ctx, *grads)
+        _C.push_policy(table)
+        try:
+            return inner(ctx, *grads)
+        finally:
+            _C.pop_policy()
+
+    return backward
