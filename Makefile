@@ -25,7 +25,9 @@ venv: $(STAMP)
 xla_amp/.built: $(STAMP) $(SOURCES)
 	@mkdir -p build
 	@echo "building xla_amp._C (log: build/ext.log)"
-	@MAX_JOBS=2 $(PY) setup.py build_ext --inplace > build/ext.log 2>&1 || (grep -B2 -A8 "error" build/ext.log | head -80; exit 1)
+	@MAX_JOBS=2 $(PY) setup.py build_ext --build-lib build/lib > build/ext.log 2>&1 || (grep -B2 -A8 "error" build/ext.log | head -80; exit 1)
+	@# rename, not overwrite: running processes keep the old file mapped
+	@for so in build/lib/xla_amp/_C*.so; do cp "$$so" xla_amp/.C.so.tmp && mv -f xla_amp/.C.so.tmp "xla_amp/$$(basename $$so)"; done
 	$(PY) -c "import site; print('$(CURDIR)')" > "$$($(PY) -c 'import site; print(site.getsitepackages()[0])')/xla_amp_checkout.pth"
 	$(PY) -c "import xla_amp._C"
 	touch $@

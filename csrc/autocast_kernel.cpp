@@ -98,18 +98,26 @@ const AutocastKernel::SchemaInfo& AutocastKernel::schema_info(
 }
 
 void AutocastKernel::operator()(const c10::OperatorHandle& op,
-                                c10::DispatchKeySet /*ks*/,
+                                c10::DispatchKeySet ks,
                                 torch::jit::Stack* stack) {
-  // Everything below, the casts included, runs with AutocastXLA excluded.
-  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastXLA);
-
   const PolicyTable* policy = active_policy();
   const CastCategory category =
       policy ? policy->category(slot_) : CastCategory::kNone;
-  if (category == CastCategory::kNone) {
-    op.callBoxed(stack);
+  const SchemaInfo& info = schema_info(op);
+  if (category == CastCategory::kNone && !info.mutates) {
+    // Not autocast under this policy: behave as if no kernel were here, so
+    // the ops a composite calls inside still meet autocast.
+    op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER,
+                                                c10::DispatchKey::AutocastXLA),
+                       stack);
     return;
   }
+  // From here on the op is either cast or deliberately left alone (in-place,
+  // out=, explicit dtype=): everything below, the casts included, runs with
+  // AutocastXLA excluded so nothing inside it is autocast again. For
+  // in-place/out= that matters on XLA, where functionalization re-issues the
+  // functional op from the top of the dispatcher.
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastXLA);
   if (category == CastCategory::kBanned) {
     auto it = policy->banned_reason.find(slot_);
     TORCH_CHECK(false, "xla_amp: ", op.schema().operator_name(),
@@ -118,7 +126,6 @@ void AutocastKernel::operator()(const c10::OperatorHandle& op,
                 it == policy->banned_reason.end() ? std::string() : it->second);
   }
 
-  const SchemaInfo& info = schema_info(op);
   const size_t nargs = op.schema().arguments().size();
   const size_t first = stack->size() - nargs;
   const bool explicit_dtype =

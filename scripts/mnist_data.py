@@ -74,6 +74,20 @@ def normalize(x: torch.Tensor) -> torch.Tensor:
     return (x - MEAN) / STD
 
 
+def random_shift(x: torch.Tensor, generator: torch.Generator, max_shift: int = 2) -> torch.Tensor:
+    """Translate each image of a batch ``[N, 1, H, W]`` by up to ``max_shift``
+    pixels in each direction (zero fill): cheap augmentation that keeps a
+    small training set from being memorised."""
+    n, _, h, w = x.shape
+    padded = torch.nn.functional.pad(x, (max_shift,) * 4)
+    dy = torch.randint(0, 2 * max_shift + 1, (n,), generator=generator)
+    dx = torch.randint(0, 2 * max_shift + 1, (n,), generator=generator)
+    rows = (dy[:, None] + torch.arange(h)[None, :])            # [N, H]
+    cols = (dx[:, None] + torch.arange(w)[None, :])            # [N, W]
+    batch = torch.arange(n)[:, None, None]
+    return padded[:, 0][batch, rows[:, :, None], cols[:, None, :]].unsqueeze(1)
+
+
 def load_sklearn_digits(test_fraction: float = 0.2, split_seed: int = 0) -> Digits:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
@@ -180,3 +194,26 @@ def write_mnist_idx(datadir: str, digits: Digits, gz: bool = False) -> None:
         with opener(os.path.join(datadir, MNIST_FILES[f"{split}_labels"]
                                  + (".gz" if gz else "")), "wb") as f:
             f.write(struct.pack(">II", 0x801, len(lab)) + lab.tobytes())
+
+
+class MNISTNet(torch.nn.Module):
+    """conv(3x3) - relu - conv(3x3) - relu - maxpool(2) - fc - relu - fc.
+
+    The launcher's network, and the one ``benchmarks/peers.py`` trains in every
+    framework (its JAX twin mirrors these layers and their layouts).
+    """
+
+    def __init__(self, channels: tuple[int, int] = (16, 32), hidden: int = 64,
+                 num_classes: int = 10):
+        super().__init__()
+        c1, c2 = channels
+        self.conv1 = torch.nn.Conv2d(1, c1, kernel_size=3)
+        self.conv2 = torch.nn.Conv2d(c1, c2, kernel_size=3)
+        self.fc1 = torch.nn.Linear(c2 * 12 * 12, hidden)
+        self.fc2 = torch.nn.Linear(hidden, num_classes)
+
+    def forward(self, x):
+        x = torch.relu(self.conv1(x))
+        x = torch.nn.functional.max_pool2d(torch.relu(self.conv2(x)), 2)
+        x = torch.relu(self.fc1(torch.flatten(x, 1)))
+        return self.fc2(x)

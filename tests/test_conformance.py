@@ -93,7 +93,8 @@ CASES.update({
     "aten::mkldnn_rnn_layer": Case(
         lambda: [_r(3, 1, 2), _r(16, 2), _r(16, 4), _r(16), _r(16), _r(1, 4), _r(1, 4)],
         lambda x, w0, w1, w2, w3, h, c: aten.mkldnn_rnn_layer(
-            x, w0, w1, w2, w3, h, c, False, [], 2, 4, 1, True, False, False, False)),
+            x, w0, w1, w2, w3, h, c, False, [], 2, 4, 1, True, False, False, False)[:3]),
+    # (its fourth output is an uninitialised workspace)
     "aten::scaled_dot_product_attention": Case(
         lambda: [_r(1, 2, 3, 4), _r(1, 2, 3, 4), _r(1, 2, 3, 4)],
         F.scaled_dot_product_attention),
@@ -369,6 +370,14 @@ CASES.update({
     "py::norm": Case(lambda: [_r(3, 4)], lambda x: torch.norm(x, dim=1)),
     "py::grid_sample": Case(lambda: [_r(1, 2, 4, 4), torch.rand(1, 3, 3, 2) * 2 - 1],
                             lambda x, g: F.grid_sample(x, g, align_corners=False)),
+    "py::nll_loss": Case(lambda: [torch.log_softmax(_r(3, 5), 1)], F.nll_loss,
+                         extra=lambda: [_idx(0, 4, 2)]),
+    # the aten op itself (op_cases' nll_loss goes through F.nll_loss)
+    "aten::nll_loss": Case(lambda: [torch.log_softmax(_r(3, 5), 1)],
+                           lambda x, t: aten.nll_loss(x, t), extra=lambda: [_idx(0, 4, 2)]),
+    "aten::nll_loss2d": Case(lambda: [torch.log_softmax(_r(2, 3, 2, 2), 1)],
+                             lambda x, t: aten.nll_loss2d(x, t),
+                             extra=lambda: [torch.randint(0, 3, (2, 2, 2))]),
     "py::truediv": Case(lambda: [_r(3, 4), _pos(3, 4)], lambda a, b: a / b),
 })
 torch.manual_seed(0)
@@ -392,14 +401,14 @@ LOW = torch.bfloat16
 # their mapping to aten ops gives them under each policy (see the policy
 # file headers). nn.GRUCell/LSTMCell/RNNCell call the aten cells directly.
 INFORMAL = {
-    "cuda": {"py::__rtruediv__": "fp32", "py::__rdiv__": "fp32", "py::__rpow__": "fp32",
+    "cuda": {"py::nll_loss": "fp32", "py::__rtruediv__": "fp32", "py::__rdiv__": "fp32", "py::__rpow__": "fp32",
              "py::__pow__": "fp32", "py::__matmul__": "lower_precision_fp",
              "py::softmin": "fp32_set_opt_dtype", "py::normalize": "fp32",
              "py::cross_entropy": "fp32", "py::norm": "fp32", "py::grid_sample": "promote"},
-    "cpu": {"py::__matmul__": "lower_precision_fp", "py::cross_entropy": "fp32",
+    "cpu": {"py::nll_loss": "fp32", "py::__matmul__": "lower_precision_fp", "py::cross_entropy": "fp32",
             "py::grid_sample": "fp32"},
     "xpu": {"py::__pow__": "fp32", "py::cross_entropy": "fp32", "py::__matmul__": "lower_precision_fp"},
-    "hpu": {"py::truediv": "fp32", "py::cross_entropy": "fp32", "py::__matmul__": "lower_precision_fp"},
+    "hpu": {"py::nll_loss": "fp32", "py::truediv": "fp32", "py::cross_entropy": "fp32", "py::__matmul__": "lower_precision_fp"},
 }
 # Ops whose outputs are random draws: compared by dtype only against PyTorch.
 RANDOM = {"aten::multinomial", "aten::poisson"}
@@ -415,7 +424,7 @@ def _cases_for(entry: str) -> list[str]:
     return found
 
 
-def _params():
+def _raw_params():
     out = []
     for name in POLICIES:
         p = policies.get(name)
@@ -428,7 +437,13 @@ def _params():
     return out
 
 
-PARAMS = _params()
+# Every policy's kernels registered up front: an op registered for one policy
+# and unlisted in the active one must still let its inner ops autocast
+# (regression: the kernel used to run such ops with AutocastXLA excluded).
+for _name in policies.names():
+    xla_amp._engine.compile(policies.get(_name))
+
+PARAMS = _raw_params()
 
 
 def _input_dtypes(category, n):
@@ -490,7 +505,17 @@ def _run_xla(device, policy, category, key, dtype):
     return got, want
 
 
-def _assert_bitwise(got, want):
+# Kernels that are not bit-reproducible run to run on XLA:CPU (a LAPACK CPU
+# fallback): compared to 1e-6 instead of bit for bit.
+NONDETERMINISTIC = {"aten::linalg_lstsq"}
+
+
+def _assert_bitwise(got, want, key=""):
+    if key in NONDETERMINISTIC:
+        assert [t.dtype for t in got] == [t.dtype for t in want]
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.cpu(), w.cpu(), rtol=0, atol=1e-6)
+        return
     assert [t.dtype for t in got] == [t.dtype for t in want]
     for g, w in zip(got, want):
         g, w = g.cpu(), w.cpu()
@@ -508,6 +533,8 @@ def test_matches_manual_cast(device, policy, entry, category, key):
     """Under the policy the op computes exactly what a hand cast computes."""
     if key in NON_CONFORMANT.get(policy, {}):
         pytest.skip("listed as non-conformant; pinned by test_non_conformant_pinned")
+    if (policy, key) == ("cuda", "py::cross_entropy"):
+        pytest.skip("not a single cast under CUDA rules: test_cuda_cross_entropy_composes_like_pytorch")
     if category == "banned":
         case, floats, extra = _build(key, [torch.float32] * len(CASES[key].inputs()),
                                      lambda t: t.to(device))
@@ -516,7 +543,7 @@ def test_matches_manual_cast(device, policy, entry, category, key):
                 case.call(*floats, *extra)
         return
     got, want = _run_xla(device, policy, category, key, LOW)
-    _assert_bitwise(got, want)
+    _assert_bitwise(got, want, key)
     if category == "lower_precision_fp":
         assert got and got[0].dtype == LOW
     elif category in ("fp32", "fp32_set_opt_dtype", "fp32_append_dtype"):
@@ -525,6 +552,22 @@ def test_matches_manual_cast(device, policy, entry, category, key):
         assert all(t.dtype in (torch.float32, torch.complex64) for t in floating)
     elif category is None:
         assert all(t.dtype == LOW for t in got if t.is_floating_point())
+
+
+@pytest.mark.parametrize("low", [torch.bfloat16, torch.float16])
+def test_cuda_cross_entropy_composes_like_pytorch(device, low):
+    """PyTorch has no CUDA autocast kernel for cross_entropy_loss: its
+    composite calls log_softmax with dtype= the input's dtype (explicit, so
+    not widened) and then nll_loss (fp32). The cuda policy computes exactly
+    that, which is not the same as casting the input to fp32 first."""
+    _seed()
+    x = torch.randn(3, 5, device=device).to(low)
+    t = torch.tensor([1, 0, 4], device=device)
+    with xla_amp.autocast(device, policy="cuda", dtype=low):
+        got = F.cross_entropy(x, t)
+    want = F.nll_loss(torch.log_softmax(x, 1, dtype=low).float(), t)
+    assert got.dtype == torch.float32
+    assert torch.equal(got.cpu(), want.cpu())
 
 
 # ---- PyTorch's own autocast as the reference --------------------------------
@@ -548,7 +591,7 @@ def test_cpu_policy_matches_torch_cpu_autocast(device, policy, entry, category, 
     ref = _cpu_autocast_result(category, key, LOW)
     got, _ = _run_xla(device, policy, category, key, LOW)
     assert [t.dtype for t in got] == [t.dtype for t in ref]
-    if key in RANDOM:
+    if key in RANDOM or key in XLA_WRONG_VALUES:
         return
     for g, r in zip(got, ref):
         if not (g.is_floating_point() or g.is_complex()):
@@ -580,7 +623,13 @@ def _fake_autocast_dtypes(device_type, category, key, dtype):
 CUDA_PARAMS = [p for p in PARAMS if p.values[0] == "cuda"]
 # Calls PyTorch cannot trace on fake CUDA tensors (no meta kernel / data-
 # dependent shapes); their category is checked against the manual cast only.
-FAKE_UNSUPPORTED: set[str] = set()
+FAKE_UNSUPPORTED = {
+    "aten::conv2d", "aten::conv_transpose2d", "aten::_convolution",
+    "aten::_convolution.deprecated",           # cuDNN availability checks
+    "aten::scaled_dot_product_attention",      # picks a CUDA backend kernel
+    "aten::gru_cell",                          # _thnn_fused_gru_cell: no meta kernel
+    "aten::grid_sampler", "py::grid_sample",   # cuDNN availability checks
+}
 
 
 @pytest.mark.parametrize("policy,entry,category,key", CUDA_PARAMS)
@@ -659,3 +708,29 @@ def test_non_conformance_documented():
     for policy, keys in NON_CONFORMANT.items():
         for key in keys:
             assert f"`{key}`" in text and f"`{policy}`" in text, (policy, key)
+
+
+# PyTorch/XLA lowerings that compute wrong values whatever the dtype: the
+# policy casts as PyTorch does (bit-equal to the manual cast), but the op's
+# values differ from ATen's. Listed in docs/policies.md; pinned below.
+XLA_WRONG_VALUES = {
+    "aten::conv_tbc": "PyTorch/XLA 2.9's conv_tbc lowering returns wrong values "
+                      "(also in float32 without autocast)",
+}
+
+
+def test_xla_conv_tbc_wrong_values_pinned(device):
+    """conv_tbc with a width-1 kernel is x @ w[0] + b; XLA's result is not.
+    When this starts failing, XLA fixed it: drop the entry and the doc line."""
+    torch.manual_seed(0)
+    x, w, b = torch.randn(3, 2, 4), torch.randn(1, 4, 5), torch.randn(5)
+    ref = x @ w[0] + b
+    assert torch.allclose(torch.conv_tbc(x, w, b), ref, atol=1e-5)
+    xla = torch.conv_tbc(x.to(device), w.to(device), b.to(device)).cpu()
+    assert not torch.allclose(xla, ref, atol=1e-2)
+
+
+def test_xla_wrong_values_documented():
+    text = (Path(__file__).parent.parent / "docs" / "policies.md").read_text()
+    for key in XLA_WRONG_VALUES:
+        assert f"`{key}`" in text

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from xla_amp import ops
-from xla_amp.policy import Policy
+from xla_amp.policy import Policy, check_op_fits
 
 VARIABLES = {
     "XLA_AMP_LOWER_PRECISION_OPS_LIST": "lower_precision_fp",
@@ -24,8 +24,9 @@ VARIABLES = {
 }
 
 
-def read_op_list(path: str | Path) -> list[str]:
-    """Op names from a list file; ValueError with file:line on a bad entry."""
+def read_op_list(path: str | Path, category: str | None = None) -> list[str]:
+    """Op names from a list file; ValueError with file:line on a bad entry
+    (an unknown op, or with `category`, an op that cannot be in it)."""
     path = Path(path)
     try:
         lines = path.read_text().splitlines()
@@ -38,6 +39,8 @@ def read_op_list(path: str | Path) -> list[str]:
             continue
         try:
             ops.validate(name)
+            if category is not None:
+                check_op_fits(name, category)
         except ValueError as e:
             raise ValueError(f"{path}:{lineno}: {e}") from None
         names.append(name)
@@ -47,9 +50,19 @@ def read_op_list(path: str | Path) -> list[str]:
 def read_environment(environ=os.environ) -> dict[str, list[str]]:
     """category -> op names, for each variable that is set."""
     lists = {}
+    origin: dict[str, str] = {}   # op -> "VARIABLE (file)" that listed it first
     for var, category in VARIABLES.items():
-        if environ.get(var):
-            lists[category] = read_op_list(environ[var])
+        if not environ.get(var):
+            continue
+        names = read_op_list(environ[var], category)
+        for op in names:
+            ops.validate(op)
+            if origin.get(op, var).split(" ")[0] != var:
+                raise ValueError(
+                    f"{op} is listed by both {origin[op]} and {var} ({environ[var]}); "
+                    "an op can be in one category only")
+            origin.setdefault(op, f"{var} ({environ[var]})")
+        lists[category] = names
     return lists
 
 

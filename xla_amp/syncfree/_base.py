@@ -25,16 +25,11 @@ from typing import Any
 
 import torch
 
-# Scalars are uploaded once per distinct value; a scheduler produces a new
-# value every step, so the cache is cleared when it grows past this size.
-_SCALAR_CACHE_SIZE = 256
-
-
 class SyncFreeOptimizer(torch.optim.Optimizer):
     """Base class: device checks, ``found_inf`` validation, masked commits,
     hyperparameter scalars and ``torch.optim``-compatible state dicts.
 
-    Subclasses implement ``_update_group(group, keep)`` (compute and commit
+    Subclasses implement ``_update_group(gi, group, keep)`` (compute and commit
     one param group) and may override ``_export_state`` / ``_import_state``
     to translate between the on-device state and ``torch.optim``'s format.
 
@@ -45,7 +40,8 @@ class SyncFreeOptimizer(torch.optim.Optimizer):
     _xla_amp_syncfree = True
 
     def __init__(self, params, defaults: dict[str, Any]):
-        self._scalars: dict[tuple, torch.Tensor] = {}
+        # (group index, role) -> (value, device, 0-dim device tensor)
+        self._scalars: dict[tuple, tuple] = {}
         super().__init__(params, defaults)
 
     # -- parameter groups ---------------------------------------------------
@@ -111,8 +107,8 @@ class SyncFreeOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
-            self._update_group(group, keep)
+        for gi, group in enumerate(self.param_groups):
+            self._update_group(gi, group, keep)
         return loss
 
     def _keep_mask(self, found_inf, device) -> torch.Tensor | None:
@@ -150,7 +146,8 @@ class SyncFreeOptimizer(torch.optim.Optimizer):
                         f"group {gi} has shape {tuple(g.shape)} on '{g.device}', "
                         f"expected {tuple(p.shape)} on '{p.device}'")
 
-    def _update_group(self, group: dict[str, Any], keep: torch.Tensor | None) -> None:
+    def _update_group(self, gi: int, group: dict[str, Any],
+                      keep: torch.Tensor | None) -> None:
         raise NotImplementedError
 
     @staticmethod
@@ -161,23 +158,41 @@ class SyncFreeOptimizer(torch.optim.Optimizer):
         else:
             dst.copy_(torch.where(keep, dst, new.to(dst.dtype)))
 
-    def _scalar(self, value, device: torch.device) -> torch.Tensor:
-        """A hyperparameter as a 0-dim float32 device tensor (graph input, not
-        a constant, so changing its value does not recompile)."""
+    @staticmethod
+    def _commit_stacked(dsts: list[torch.Tensor], new: torch.Tensor,
+                        keep: torch.Tensor | None) -> None:
+        """_commit for many 0-dim tensors (step counts, flags) at once:
+        one masked select instead of one per parameter."""
+        if keep is not None:
+            new = torch.where(keep, torch.stack(dsts), new)
+        for dst, v in zip(dsts, new.unbind(0)):
+            dst.copy_(v)
+
+    def _scalar(self, slot, value, device: torch.device) -> torch.Tensor:
+        """A hyperparameter as a 0-dim float32 device tensor: a graph input,
+        not a constant, so a new value does not recompile.
+
+        ``slot`` (param group index, role) owns its buffer: sharing one
+        between slots whose values happen to coincide (lr == 1 - beta2)
+        would change the graph's inputs, and recompile, when they differ.
+        """
         if isinstance(value, torch.Tensor):
             if value.numel() != 1:
                 raise ValueError(
                     f"{type(self).__name__}: a tensor hyperparameter must have one "
                     f"element, got shape {tuple(value.shape)}")
-            return value.reshape(()).to(device=device, dtype=torch.float32)
-        key = (float(value), str(device))
-        t = self._scalars.get(key)
-        if t is None:
-            if len(self._scalars) >= _SCALAR_CACHE_SIZE:
-                self._scalars.clear()
-            t = torch.tensor(float(value), dtype=torch.float32, device=device)
-            self._scalars[key] = t
-        return t
+            return value.detach().reshape(()).to(device=device, dtype=torch.float32)
+        value = float(value)
+        cached = self._scalars.get(slot)
+        if cached is None or cached[0] != value or cached[1] != device:
+            # Uploaded with shape (1,): PyTorch/XLA maps equal-valued 0-dim
+            # uploads to one device buffer, which would merge graph inputs.
+            t = torch.tensor([value], dtype=torch.float32, device=device)
+            cached = self._scalars[slot] = (value, device, t)
+        # A fresh view each step, so the (1,) buffer stays the graph input
+        # whether or not the value changed (a kept view would be materialised
+        # as a 0-dim buffer by the next sync: another graph).
+        return cached[2].reshape(())
 
     # -- state dict -----------------------------------------------------------
 

@@ -86,7 +86,7 @@ class Adam(SyncFreeOptimizer):
 
     _decoupled_default = False
 
-    def _update_group(self, group: dict[str, Any], keep) -> None:
+    def _update_group(self, gi: int, group: dict[str, Any], keep) -> None:
         params = [p for p in group["params"] if p.grad is not None]
         if not params:
             return
@@ -95,66 +95,67 @@ class Adam(SyncFreeOptimizer):
         wd = group["weight_decay"]
         decoupled = group["decoupled_weight_decay"]
         amsgrad = group["amsgrad"]
-        lr = self._scalar(group["lr"], dev)
-        b2 = self._scalar(beta2, dev)
-        one_m_b1 = self._one_minus(beta1, dev)
-        one_m_b2 = self._one_minus(beta2, dev)
-        eps = self._scalar(group["eps"], dev)
+        lr = self._scalar((gi, "lr"), group["lr"], dev)
+        b2 = self._scalar((gi, "beta2"), beta2, dev)
+        one_m_b1 = self._one_minus((gi, "1-beta1"), beta1, dev)
+        one_m_b2 = self._one_minus((gi, "1-beta2"), beta2, dev)
+        eps = self._scalar((gi, "eps"), group["eps"], dev)
         # 1 - beta**t as -expm1(t * log(beta)), log taken in double precision:
         # 1 - pow(beta, t) in float32 loses ~5 digits for beta2 = 0.999.
-        log_b1 = self._log_scalar(beta1, dev)
-        log_b2 = self._log_scalar(beta2, dev)
+        log_b1 = self._log_scalar((gi, "log(beta1)"), beta1, dev)
+        log_b2 = self._log_scalar((gi, "log(beta2)"), beta2, dev)
         if wd != 0:
-            wd_t = self._scalar(wd, dev)
+            wd_t = self._scalar((gi, "weight_decay"), wd, dev)
+            if decoupled:
+                decay = 1 - lr * wd_t
         for p in params:
-            g = p.grad
-            if group["maximize"]:
-                g = -g
             state = self.state[p]
             if len(state) == 0:
                 state["step"] = torch.zeros((), dtype=torch.float32, device=dev)
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                if amsgrad:
-                    state["max_exp_avg_sq"] = torch.zeros_like(
-                        p, memory_format=torch.preserve_format)
-            elif amsgrad and "max_exp_avg_sq" not in state:
-                # amsgrad switched on for existing state: start from zeros as torch.optim
+            if amsgrad and "max_exp_avg_sq" not in state:
+                # also when amsgrad is switched on for existing state
                 state["max_exp_avg_sq"] = torch.zeros_like(
                     p, memory_format=torch.preserve_format)
+        # Scalar work for all parameters of the group at once (fewer ops to trace).
+        steps = [self.state[p]["step"] for p in params]
+        t = torch.stack(steps) + 1
+        step_size = (lr / -torch.expm1(t * log_b1)).unbind(0)
+        bias2_sqrt = torch.sqrt(-torch.expm1(t * log_b2)).unbind(0)
+        self._commit_stacked(steps, t, keep)
+        for i, p in enumerate(params):
+            state = self.state[p]
+            g = p.grad
+            if group["maximize"]:
+                g = -g
             base = p
             if wd != 0:
                 if decoupled:
-                    base = p * (1 - lr * wd_t)
+                    base = p * decay
                 else:
                     g = g + wd_t * p
-            step = state["step"] + 1
             exp_avg = torch.lerp(state["exp_avg"], g, one_m_b1.to(g.dtype))
             exp_avg_sq = state["exp_avg_sq"] * b2 + one_m_b2 * g * g
-            bias1 = -torch.expm1(step * log_b1)
-            bias2_sqrt = torch.sqrt(-torch.expm1(step * log_b2))
             if amsgrad:
-                vmax = torch.maximum(state["max_exp_avg_sq"], exp_avg_sq)
-                self._commit(state["max_exp_avg_sq"], vmax, keep)
-                second = vmax
+                second = torch.maximum(state["max_exp_avg_sq"], exp_avg_sq)
+                self._commit(state["max_exp_avg_sq"], second, keep)
             else:
                 second = exp_avg_sq
-            denom = torch.sqrt(second) / bias2_sqrt + eps
-            new_p = base - (lr / bias1) * exp_avg / denom
+            denom = torch.sqrt(second) / bias2_sqrt[i] + eps
             self._commit(state["exp_avg"], exp_avg, keep)
             self._commit(state["exp_avg_sq"], exp_avg_sq, keep)
-            self._commit(state["step"], step, keep)
-            self._commit(p, new_p, keep)
+            self._commit(p, base - step_size[i] * exp_avg / denom, keep)
 
-    def _one_minus(self, beta, dev):
+    def _one_minus(self, slot, beta, dev):
         if isinstance(beta, torch.Tensor):
-            return 1 - self._scalar(beta, dev)
-        return self._scalar(1.0 - beta, dev)  # in double, then rounded once
+            return 1 - self._scalar(slot, beta, dev)
+        return self._scalar(slot, 1.0 - beta, dev)  # in double, then rounded once
 
-    def _log_scalar(self, beta, dev):
+    def _log_scalar(self, slot, beta, dev):
         if isinstance(beta, torch.Tensor):
-            return torch.log(self._scalar(beta, dev))
-        return self._scalar(math.log(beta) if beta > 0 else -math.inf, dev)
+            return torch.log(self._scalar(slot, beta, dev))
+        return self._scalar(slot, math.log(beta) if beta > 0 else -math.inf, dev)
 
     # torch.optim.Adam state: {"step": CPU float32 tensor, "exp_avg",
     # "exp_avg_sq"[, "max_exp_avg_sq"]}.

@@ -70,35 +70,38 @@ class SGD(SyncFreeOptimizer):
             group.setdefault("differentiable", False)
             group.setdefault("fused", None)
 
-    def _update_group(self, group: dict[str, Any], keep) -> None:
+    def _update_group(self, gi: int, group: dict[str, Any], keep) -> None:
         params = [p for p in group["params"] if p.grad is not None]
         if not params:
             return
         dev = params[0].device
         momentum = group["momentum"]
         wd = group["weight_decay"]
-        lr = self._scalar(group["lr"], dev)
+        lr = self._scalar((gi, "lr"), group["lr"], dev)
         if wd != 0:
-            wd_t = self._scalar(wd, dev)
+            wd_t = self._scalar((gi, "weight_decay"), wd, dev)
         if momentum != 0:
-            m_t = self._scalar(momentum, dev)
-            damp_t = self._scalar(1.0 - group["dampening"], dev)
-        for p in params:
+            m_t = self._scalar((gi, "momentum"), momentum, dev)
+            damp_t = self._scalar((gi, "1-dampening"), 1.0 - group["dampening"], dev)
+            for p in params:
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(
+                        p, memory_format=torch.preserve_format)
+                    state[_READY] = torch.zeros((), dtype=torch.float32, device=dev)
+            flags = [self.state[p][_READY] for p in params]
+            ready = (torch.stack(flags) > 0).unbind(0)
+            self._commit_stacked(flags, torch.ones(len(flags), device=dev), keep)
+        for i, p in enumerate(params):
             g = p.grad
             if group["maximize"]:
                 g = -g
             if wd != 0:
                 g = g + wd_t * p
             if momentum != 0:
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(
-                        p, memory_format=torch.preserve_format)
-                    state[_READY] = torch.zeros((), dtype=torch.float32, device=dev)
-                buf, ready = state["momentum_buffer"], state[_READY]
-                new_buf = torch.where(ready > 0, buf * m_t + damp_t * g, g)
+                buf = self.state[p]["momentum_buffer"]
+                new_buf = torch.where(ready[i], buf * m_t + damp_t * g, g)
                 self._commit(buf, new_buf, keep)
-                self._commit(ready, torch.ones_like(ready), keep)
                 d = g + m_t * new_buf if group["nesterov"] else new_buf
             else:
                 d = g

@@ -1,0 +1,148 @@
+"""Data-parallel AMP: gradient all-reduce with scaling, replica mode and SPMD.
+
+    xla_amp.all_reduce_gradients(optimizer)                  # mean over replicas
+    xla_amp.optimizer_step(optimizer, scaler=scaler)         # reduce, then AMP step
+
+Algorithm of `optimizer_step`::
+
+    if SPMD: the partitioner already reduced the (sharded-batch) gradients
+    elif the scaler has not unscaled this optimizer yet:
+        all-reduce the scaled gradients (mean)       # an inf anywhere is inf everywhere
+    else (unscale_ ran first, e.g. to clip local gradients):
+        all-reduce the gradients, and found_inf with MAX  # every replica agrees
+    scaler.step(optimizer); scaler.update()          # or optimizer.step() without one
+
+All of it stays on the device: the skip decision is a device tensor that
+every replica computes from the same reduced values.
+
+Gradients are reduced in buckets: tensors of one dtype, in parameter order,
+filled up to `bucket_cap_mb`; each bucket is one collective (a tuple
+all-reduce), never one per tensor.
+
+Replicas come from PyTorch/XLA's runtime (`torch_xla.launch(fn)` on a TPU
+pod or multi-GPU host); `groups` are its replica groups. A world of one
+replica needs no collective and PyTorch/XLA emits none (set
+XLA_ALWAYS_ALLREDUCE=1 to see the HLO anyway).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+DEFAULT_BUCKET_CAP_MB = 50.0
+
+
+def _runtime():
+    import torch_xla.core.xla_model as xm
+    import torch_xla.runtime as xr
+    return xm, xr
+
+
+def _gradients(optimizer) -> list[torch.Tensor]:
+    grads = []
+    for gi, group in enumerate(optimizer.param_groups):
+        for pi, p in enumerate(group["params"]):
+            if p.grad is None:
+                continue
+            if p.grad.device.type != "xla":
+                raise ValueError(
+                    f"all_reduce_gradients: parameter {pi} of param group {gi} has its "
+                    f"gradient on '{p.grad.device}', not on an XLA device")
+            grads.append(p.grad)
+    return grads
+
+
+def _check_groups(groups, world: int) -> int:
+    """The size of each replica group; ValueError unless they partition the world."""
+    if groups is None or len(groups) == 0:
+        return world
+    members = [r for g in groups for r in g]
+    sizes = {len(g) for g in groups}
+    if len(sizes) != 1 or 0 in sizes:
+        raise ValueError(f"replica groups {groups} must be non-empty and of equal size")
+    if sorted(members) != list(range(world)):
+        raise ValueError(
+            f"replica groups {groups} do not cover the {world} replicas 0..{world - 1} "
+            "exactly once each")
+    return sizes.pop()
+
+
+def buckets(tensors: Sequence[torch.Tensor], cap_mb: float = DEFAULT_BUCKET_CAP_MB):
+    """Split `tensors` into lists of one dtype each, at most `cap_mb` per list
+    (a single larger tensor gets a list of its own). Order is kept per dtype."""
+    cap = cap_mb * 1024 * 1024
+    by_dtype: dict[torch.dtype, list[list[torch.Tensor]]] = {}
+    filled: dict[torch.dtype, float] = {}
+    for t in tensors:
+        size = t.numel() * t.element_size()
+        lists = by_dtype.setdefault(t.dtype, [[]])
+        if lists[-1] and filled[t.dtype] + size > cap:
+            lists.append([])
+            filled[t.dtype] = 0.0
+        lists[-1].append(t)
+        filled[t.dtype] = filled.get(t.dtype, 0.0) + size
+    return [b for lists in by_dtype.values() for b in lists if b]
+
+
+def all_reduce_gradients(optimizer, groups: Optional[list[list[int]]] = None,
+                         pin_layout: bool = True, scale: Optional[float] = None,
+                         bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB) -> int:
+    """Sum the optimizer's gradients over the replicas and multiply by `scale`
+    (default 1/replicas per group: the mean), in place, on the device.
+
+    Call after ``backward()`` and before the optimizer step (or use
+    `optimizer_step`). A no-op under SPMD, where the compiler reduces.
+    Returns the number of collectives emitted (0 under SPMD).
+    """
+    if scale is not None and not scale > 0:
+        raise ValueError(f"all_reduce_gradients: scale must be > 0, got {scale}")
+    xm, xr = _runtime()
+    grads = _gradients(optimizer)
+    if xr.is_spmd():
+        return 0
+    group_size = _check_groups(groups, xr.world_size())
+    if scale is None:
+        scale = 1.0 / group_size
+    if not grads:
+        return 0
+    if xr.world_size() == 1 and scale != 1.0:
+        # PyTorch/XLA skips one-replica collectives, scale included.
+        with torch.no_grad():
+            torch._foreach_mul_(grads, scale)
+    parts = buckets(grads, bucket_cap_mb)
+    for bucket in parts:
+        xm.all_reduce(xm.REDUCE_SUM, bucket, scale=scale, groups=groups or [],
+                      pin_layout=pin_layout)
+    return len(parts)
+
+
+def reduce_found_inf_(found_inf: Sequence[torch.Tensor], groups=None,
+                      pin_layout: bool = True) -> None:
+    """MAX-reduce skip flags over replicas in place: one replica's overflow
+    skips the step on all of them."""
+    xm, xr = _runtime()
+    if xr.is_spmd() or not found_inf:
+        return
+    _check_groups(groups, xr.world_size())
+    xm.all_reduce(xm.REDUCE_MAX, list(found_inf), groups=groups or [], pin_layout=pin_layout)
+
+
+def optimizer_step(optimizer, scaler=None, groups: Optional[list[list[int]]] = None,
+                   pin_layout: bool = True, optimizer_args: Optional[dict] = None):
+    """Reduce the gradients, then step: with a scaler, unscale + check + step +
+    update, all on the device. Call once per iteration after ``backward()``.
+
+    Works in replica mode (``torch_xla.launch``), with one replica and under
+    SPMD with the same code. Returns what the optimizer's step returned.
+    """
+    optimizer_args = optimizer_args or {}
+    all_reduce_gradients(optimizer, groups=groups, pin_layout=pin_layout)
+    if scaler is None or not scaler.is_enabled():
+        return optimizer.step(**optimizer_args)
+    flags = scaler._found_inf_tensors(optimizer)  # non-empty when unscale_ ran first
+    if flags:
+        reduce_found_inf_(flags, groups=groups, pin_layout=pin_layout)
+    result = scaler.step(optimizer, **optimizer_args)
+    scaler.update()
+    return result
