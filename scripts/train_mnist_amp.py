@@ -29,8 +29,9 @@ import amp_training  # noqa: E402
 
 FLAGS = flags.FLAGS
 
-amp_training.define_flags(batch_size=64, num_epochs=12, lr=0.05, optimizer="sgd",
-                          momentum=0.9, log_steps=5, eval_batch_size=120)
+amp_training.define_flags(batch_size=64, num_epochs=15, lr=2e-3, optimizer="adam",
+                          lr_schedule="cosine", momentum=0.9, log_steps=5,
+                          eval_batch_size=120)
 flags.DEFINE_bool("augment", True, "Shift training images by up to 2 pixels at random.")
 flags.DEFINE_integer("fake_steps_per_epoch", 50, "Steps per epoch with --fake_data.",
                      lower_bound=1)

@@ -19,6 +19,7 @@ import xla_amp
 from xla_amp import distributed
 
 HERE = Path(__file__).parent
+MAX_ALL_REDUCE = re.compile(r"all-reduce\(.*to_apply=%MaxComputation")
 
 
 def _train(mode, tmp_path):
@@ -36,9 +37,11 @@ def test_spmd_two_devices_matches_one_device(tmp_path):
     # Same skip decisions: the scale backs off on exactly the overflow steps.
     assert spmd["scales"] == single["scales"]
     assert spmd["scales"][2] == spmd["scales"][1] / 2
-    # Parameters agree to within reduction-order rounding of bf16 matmuls.
+    # Parameters agree to within reduction-order rounding of bf16 matmuls
+    # (bf16 keeps ~3 significant digits); one update is ~5e-3 here, so a step
+    # taken on one side and skipped on the other would not fit.
     for a, b in zip(spmd["params"], single["params"]):
-        assert torch.allclose(a, b, rtol=1e-3, atol=1e-4), (a - b).abs().max()
+        assert torch.allclose(a, b, rtol=1e-2, atol=1e-3), (a - b).abs().max()
 
 
 def _model(device, n_layers=4):
@@ -48,7 +51,7 @@ def _model(device, n_layers=4):
 
 
 def _backward(model, device, scaler=None):
-    x = torch.randn(4, 32, device=device)
+    x = torch.randn(4, 32).to(device)  # CPU generator: reproducible under manual_seed
     loss = model(x).square().mean()
     (scaler.scale(loss) if scaler else loss).backward()
 
@@ -60,6 +63,11 @@ def _hlo(tensors):
 @pytest.fixture
 def emit_collectives(monkeypatch):
     monkeypatch.setenv("XLA_ALWAYS_ALLREDUCE", "1")
+    yield
+    # PyTorch/XLA shares device data between equal 0-dim tensors (a fresh
+    # scaler's scale and the last one's): run what is pending so the next
+    # test's HLO holds only its own graph.
+    torch_xla.sync()
 
 
 def test_replica_hlo_buckets_and_mean_scale(device, emit_collectives):
@@ -67,14 +75,15 @@ def test_replica_hlo_buckets_and_mean_scale(device, emit_collectives):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     _backward(model, device)
     torch_xla.sync()
-    # 8 tensors of 4 KiB / 128 B: a 0.005 MiB cap makes 2 buckets.
-    n = distributed.all_reduce_gradients(opt, bucket_cap_mb=0.005)
+    # 4 layers of 4 KiB + 128 B: a 10 KiB cap holds two layers per bucket.
+    n = distributed.all_reduce_gradients(opt, bucket_cap_mb=10 / 1024, scale=0.25)
     grads = [p.grad for p in model.parameters()]
     text = _hlo(grads)
     reduces = re.findall(r"all-reduce\(", text)
     assert 1 <= len(reduces) <= n == 2, text
     assert "replica_groups={}" in text and "AddComputation" in text
-    assert re.search(r"multiply\(", text)  # the 1/world scale is applied
+    assert re.search(r"f32\[\] constant\(0.25\)", text)  # the scale is applied once
+    assert len(re.findall(r"f32\[\] constant\(0.25\)", text)) == len(grads)  # once each
 
 
 def test_replica_hlo_found_inf_reduced_when_unscaled_first(device, emit_collectives):
@@ -86,7 +95,7 @@ def test_replica_hlo_found_inf_reduced_when_unscaled_first(device, emit_collecti
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # local clipping
     xla_amp.optimizer_step(opt, scaler=scaler)
     text = _hlo(list(model.parameters()))
-    assert "MaxComputation" in text, "found_inf was not reduced across replicas"
+    assert MAX_ALL_REDUCE.search(text), "found_inf was not reduced across replicas"
 
 
 def test_replica_hlo_no_found_inf_reduction_when_reduced_first(device, emit_collectives):
@@ -96,8 +105,8 @@ def test_replica_hlo_no_found_inf_reduction_when_reduced_first(device, emit_coll
     _backward(model, device, scaler)
     xla_amp.optimizer_step(opt, scaler=scaler)
     text = _hlo(list(model.parameters()))
-    assert "MaxComputation" not in text  # reduced gradients already agree
-    assert "AddComputation" in text
+    assert not MAX_ALL_REDUCE.search(text)  # reduced gradients already agree
+    assert re.search(r"all-reduce\(.*to_apply=%AddComputation", text)
 
 
 def test_one_replica_step_runs_and_matches_plain_step(device):

@@ -5,6 +5,7 @@ import warnings
 import pytest
 import torch
 import torch_xla
+import torch_xla.core.xla_model as xm
 import torch_xla.debug.metrics as met
 
 import xla_amp
@@ -15,7 +16,14 @@ PATTERN = "FFFFOFFFFFFOOFFFFFFF"
 INF = float("inf")
 
 
+def _clear_metrics():
+    # executions are counted when they finish: let earlier ones land first
+    xm.wait_device_ops()
+    met.clear_all()
+
+
 def _count(metric):
+    xm.wait_device_ops()
     data = met.metric_data(metric)
     return 0 if data is None else data[0]
 
@@ -83,7 +91,7 @@ def test_one_graph_no_transfer_per_step(device):
     torch_xla.sync()
     for i, c in enumerate(PATTERN[:10]):
         if i == 3:  # after warm-up; step 4 overflows
-            met.clear_all()
+            _clear_metrics()
         x, y = data[i]
         opt.zero_grad()
         with xla_amp.autocast(device):
@@ -211,7 +219,7 @@ def test_other_optimizers_masked_without_sync(device):
         scaler = GradScaler(**KW)
         # first steps create the state (one read of found_inf each)
         ours = _train(model, opt, scaler, device, pattern="OF")
-        met.clear_all()
+        _clear_metrics()
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # no host-state warning
             ours += _train(model, opt, scaler, device, pattern="FOFOFF", sync=False, start=2)
@@ -290,7 +298,7 @@ def test_torch_xla_syncfree_optimizer_gets_found_inf(device):
     opt = txs.SGD(model.parameters(), lr=0.1, momentum=0.9)
     scaler = GradScaler(**KW)
     _train(model, opt, scaler, device, pattern="FF")
-    met.clear_all()
+    _clear_metrics()
     _train(model, opt, scaler, device, pattern="OFF", sync=False, start=2)
     torch_xla.sync()
     assert _count("TransferFromDeviceTime") == 0

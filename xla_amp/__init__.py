@@ -14,10 +14,12 @@ from xla_amp.autocast import autocast
 from xla_amp.custom_function import custom_bwd, custom_fwd
 from xla_amp.grad_scaler import GradScaler
 from xla_amp import syncfree
+from xla_amp.distributed import all_reduce_gradients, optimizer_step
 from xla_amp.policy import CATEGORIES, Policy
 
 env_overrides.load_from_environment()
 _engine.install()
 
-__all__ = ["autocast", "custom_fwd", "custom_bwd", "policies", "Policy", "CATEGORIES", "GradScaler", "syncfree"]
+__all__ = ["autocast", "custom_fwd", "custom_bwd", "policies", "Policy", "CATEGORIES", "GradScaler", "syncfree",
+           "all_reduce_gradients", "optimizer_step"]
 __version__ = "0.1.0"

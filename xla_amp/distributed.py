@@ -39,6 +39,12 @@ def _runtime():
     return xm, xr
 
 
+def _collectives_skipped(xr) -> bool:
+    """PyTorch/XLA's rule: no collective for one replica unless forced."""
+    import torch_xla.utils.utils as xu
+    return xr.world_size() == 1 and not xu.getenv_as("XLA_ALWAYS_ALLREDUCE", bool, False)
+
+
 def _gradients(optimizer) -> list[torch.Tensor]:
     grads = []
     for gi, group in enumerate(optimizer.param_groups):
@@ -106,7 +112,7 @@ def all_reduce_gradients(optimizer, groups: Optional[list[list[int]]] = None,
         scale = 1.0 / group_size
     if not grads:
         return 0
-    if xr.world_size() == 1 and scale != 1.0:
+    if _collectives_skipped(xr) and scale != 1.0:
         # PyTorch/XLA skips one-replica collectives, scale included.
         with torch.no_grad():
             torch._foreach_mul_(grads, scale)

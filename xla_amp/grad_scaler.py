@@ -159,7 +159,7 @@ class GradScaler:
         if not self._enabled:
             return
         self._check_started("unscale_()")
-        st = self._per_optimizer[id(optimizer)]
+        st = self._per_optimizer.get(id(optimizer)) or _PerOptimizer()
         if st.stage is OptState.UNSCALED:
             raise RuntimeError(
                 "unscale_() has already been called on this optimizer since the last update().")
@@ -179,6 +179,7 @@ class GradScaler:
                 found[device] = f
         st.found_inf_per_device = found
         st.stage = OptState.UNSCALED
+        self._per_optimizer[id(optimizer)] = st  # recorded only once it succeeded
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any):
         """Unscale (unless :meth:`unscale_` was called) and update the
@@ -378,6 +379,17 @@ class GradScaler:
                     raise ValueError(f"GradScaler: {where} has a sparse gradient (unsupported)")
                 grads[p.grad.device][p.grad.dtype].append(p.grad)
         return grads
+
+    def _found_inf_tensors(self, optimizer) -> list[torch.Tensor]:
+        """This iteration's per-device skip flags for `optimizer` when
+        unscale_() already ran (else []): xla_amp.optimizer_step reduces them
+        across replicas in place so that every replica skips alike."""
+        if not self._enabled:
+            return []
+        st = self._per_optimizer.get(id(optimizer))
+        if st is None or st.stage is not OptState.UNSCALED:
+            return []
+        return list(st.found_inf_per_device.values())
 
     def _combined_found_inf(self, st: _PerOptimizer) -> torch.Tensor:
         found = list(st.found_inf_per_device.values())

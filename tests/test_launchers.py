@@ -1,0 +1,231 @@
+"""The AMP launchers (scripts/train_mnist_amp.py, scripts/train_imagenet_amp.py)
+run end to end in subprocesses with tiny sizes; a resumed run equals an
+uninterrupted one bit for bit; bad input gets one clear message."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(ROOT, "scripts")
+sys.path.insert(0, SCRIPTS)
+
+import amp_training  # noqa: E402
+import mnist_data  # noqa: E402
+
+
+def launch(script, *args, timeout=400):
+    env = dict(os.environ, PJRT_DEVICE="CPU")
+    env.pop("CPU_NUM_DEVICES", None)
+    env.pop("XLA_USE_BF16", None)
+    return subprocess.run([sys.executable, os.path.join(SCRIPTS, script), "--noprogress",
+                           *map(str, args)], capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=ROOT)
+
+
+def summary(proc, key):
+    m = re.search(rf"^{key}\s+(.*)$", proc.stdout, re.M)
+    assert m, f"no '{key}' line in the summary:\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    return m.group(1)
+
+
+def same(a, b, where="state"):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            same(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+MNIST_TINY = ["--batch_size", 32, "--num_epochs", 2, "--eval_batch_size", 120,
+              "--log_steps", 4]
+
+
+def test_mnist_resume_equals_uninterrupted_run(tmp_path):
+    """31 steps + checkpoint (mid epoch 1), then resume to 50 (into epoch 2)
+    == 50 steps straight: model, optimizer, scaler and data position equal."""
+    a, b, c = (str(tmp_path / n) for n in ("a.pt", "b.pt", "c.pt"))
+    logdir = tmp_path / "tb"
+    first = launch("train_mnist_amp.py", *MNIST_TINY, "--max_steps", 31, "--checkpoint", a,
+                   "--target_accuracy", 99.9)
+    # a short run misses the target: the summary says so and the exit status is 1
+    assert first.returncode == 1, first.stderr[-3000:]
+    assert "MISSED" in summary(first, "accuracy")
+    assert "below --target_accuracy" in first.stderr
+    resumed = launch("train_mnist_amp.py", *MNIST_TINY, "--max_steps", 50, "--resume", a,
+                     "--checkpoint", b)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout and "step 31" in resumed.stdout
+    straight = launch("train_mnist_amp.py", *MNIST_TINY, "--max_steps", 50, "--checkpoint", c,
+                      "--logdir", logdir)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    sb, sc = (torch.load(p, weights_only=False) for p in (b, c))
+    assert sc["position"] == {"epoch": 1, "step": 50 - 44, "global_step": 50}
+    same(sb["position"], sc["position"], "position")
+    same(sb["model"], sc["model"], "model")
+    same(sb["optimizer"], sc["optimizer"], "optimizer")
+    same(sb["scaler"], sc["scaler"], "scaler")
+    assert sc["scaler"]["scale"] == 65536.0
+    sa = torch.load(a, weights_only=False)
+    assert not all(torch.equal(sa["model"][k], sc["model"][k]) for k in sc["model"])
+
+    # the summary: accuracy, throughput, and one graph per step without host syncs
+    acc = float(summary(straight, "accuracy").split("%")[0])
+    assert 50.0 < acc <= 100.0          # 50 steps of real digits learn something
+    assert "samples/s" in summary(straight, "throughput")
+    xla = summary(straight, "XLA")
+    m = re.match(r"(\d+) compilations, ([\d.]+) graph executions/step, ([\d.]+) host syncs", xla)
+    assert m, xla
+    compiles, execs, syncs = int(m.group(1)), float(m.group(2)), float(m.group(3))
+    assert compiles <= 3 and execs == 1.0
+    # reads: every 4th step and at the epoch end, nothing else
+    assert syncs == pytest.approx((50 // 4 + 1) / 50)
+    assert "AMP bfloat16" in straight.stdout and "xla_amp.syncfree.Adam" in straight.stdout
+
+    # TensorBoard scalars
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    ev = EventAccumulator(str(logdir))
+    ev.Reload()
+    tags = set(ev.Tags()["scalars"])
+    assert {"train/loss", "train/accuracy", "train/loss_scale", "train/samples_per_sec",
+            "eval/accuracy"} <= tags, tags
+    assert ev.Scalars("train/loss_scale")[-1].value == 65536.0
+    assert ev.Scalars("eval/accuracy")[-1].value == pytest.approx(acc, abs=0.01)
+
+
+def test_mnist_idx_datadir_on_two_devices_spmd(tmp_path):
+    """--datadir reads MNIST idx files (gzipped here); --num_devices 2 trains
+    SPMD data parallel, still one graph execution per step."""
+    d = mnist_data.load_sklearn_digits()
+    small = mnist_data.Digits(d.train_x[:256], d.train_y[:256], d.test_x[:50],
+                              d.test_y[:50], "subset")
+    mnist_data.write_mnist_idx(str(tmp_path / "MNIST" / "raw"), small, gz=True)
+    back = mnist_data.load_mnist_idx(str(tmp_path))
+    assert back.train_x.shape == (256, 1, 28, 28) and torch.equal(back.train_y, small.train_y)
+    assert (back.train_x - small.train_x).abs().max() <= 0.5 / 255 + 1e-6
+
+    proc = launch("train_mnist_amp.py", "--datadir", tmp_path, "--num_devices", 2,
+                  "--batch_size", 32, "--eval_batch_size", 32, "--num_epochs", 1,
+                  "--max_steps", 5)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 x CPU (SPMD data parallel)" in proc.stdout
+    assert "MNIST idx files" in proc.stdout and "256 training / 50 held-out" in proc.stdout
+    assert "(50 images)" in summary(proc, "accuracy")
+    assert "1.00 graph executions/step" in summary(proc, "XLA")
+
+
+def test_mnist_bad_datadir_is_one_clear_message(tmp_path):
+    missing = tmp_path / "nope"
+    proc = launch("train_mnist_amp.py", "--datadir", missing)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    err = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and str(missing) in err[0] and "train-images-idx3-ubyte" in err[0]
+
+
+@pytest.mark.parametrize("problem", ["no_files", "bad_magic", "truncated", "count_mismatch"])
+def test_mnist_malformed_datadir_names_path_and_layout(tmp_path, problem):
+    d = mnist_data.load_sklearn_digits()
+    small = mnist_data.Digits(d.train_x[:20], d.train_y[:20], d.test_x[:10], d.test_y[:10], "s")
+    mnist_data.write_mnist_idx(str(tmp_path), small)
+    images = tmp_path / "train-images-idx3-ubyte"
+    if problem == "no_files":
+        os.remove(tmp_path / "t10k-labels-idx1-ubyte")
+        expect = "has no t10k-labels-idx1-ubyte"
+    elif problem == "bad_magic":
+        raw = bytearray(images.read_bytes())
+        raw[3] = 0x01
+        images.write_bytes(bytes(raw))
+        expect = "magic number 0x00000801, expected 0x00000803"
+    elif problem == "truncated":
+        images.write_bytes(images.read_bytes()[:-7])
+        expect = "declares shape (20, 28, 28)"
+    else:
+        labels = tmp_path / "train-labels-idx1-ubyte"
+        import struct
+        lab = bytes(range(10)) * 3
+        labels.write_bytes(struct.pack(">II", 0x801, len(lab)) + lab)
+        expect = "20 train images but 30 train labels"
+    with pytest.raises(mnist_data.DataDirError) as e:
+        mnist_data.load_mnist_idx(str(tmp_path))
+    msg = str(e.value)
+    assert expect in msg and str(tmp_path) in msg and "expected the four MNIST idx files" in msg
+
+
+@pytest.mark.parametrize("script,args,expect", [
+    ("train_mnist_amp.py", ["--optimizer", "rmsprop"], "--optimizer"),
+    ("train_mnist_amp.py", ["--num_devices", 2, "--batch_size", 33], "multiples of --num_devices"),
+    ("train_imagenet_amp.py", ["--model", "resnet_nope"], "--model must be a torchvision"),
+])
+def test_bad_flag_values_are_usage_errors(script, args, expect):
+    proc = launch(script, *args)
+    assert proc.returncode == 1
+    assert "FATAL Flags parsing error" in proc.stderr and expect in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def _image_folder(root, classes=("cat", "dog"), train=6, val=3, size=(40, 48)):
+    import numpy as np
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    for split, n in (("train", train), ("val", val)):
+        for c in classes:
+            os.makedirs(root / split / c, exist_ok=True)
+            for i in range(n):
+                Image.fromarray(rng.integers(0, 255, size + (3,), dtype=np.uint8)).save(
+                    root / split / c / f"{i}.png")
+
+
+def test_imagenet_image_folder_run(tmp_path):
+    _image_folder(tmp_path / "data")
+    proc = launch("train_imagenet_amp.py", "--datadir", tmp_path / "data",
+                  "--model", "resnet18", "--image_size", 32, "--batch_size", 4,
+                  "--num_epochs", 1, "--num_workers", 0, "--checkpoint", tmp_path / "ck.pt")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "12 training / 6 held-out images, 2 classes, 32x32 crops" in proc.stdout
+    assert "resnet18, 11,177,538 parameters" in proc.stdout
+    assert "(6 images)" in summary(proc, "accuracy")
+    assert "3 steps" in summary(proc, "throughput")
+    assert "1.00 graph executions/step" in summary(proc, "XLA")
+    ck = torch.load(tmp_path / "ck.pt", weights_only=False)
+    assert ck["position"] == {"epoch": 1, "step": 0, "global_step": 3}
+    assert ck["model"]["fc.weight"].shape == (2, 512)
+
+
+def test_image_folder_errors_name_path_and_layout(tmp_path):
+    with pytest.raises(amp_training.DataDirError, match="has no train/ directory"):
+        amp_training.load_image_folders(str(tmp_path), 32, 0)
+    (tmp_path / "train" / "cat").mkdir(parents=True)
+    with pytest.raises(amp_training.DataDirError) as e:
+        amp_training.load_image_folders(str(tmp_path), 32, 0)
+    assert "is not usable" in str(e.value) and "DATADIR/train/<class>/<image>" in str(e.value)
+    _image_folder(tmp_path / "mixed", train=1, val=1)
+    os.rename(tmp_path / "mixed" / "val" / "dog", tmp_path / "mixed" / "val" / "fox")
+    with pytest.raises(amp_training.DataDirError, match="different class folders"):
+        amp_training.load_image_folders(str(tmp_path / "mixed"), 32, 0)
+
+
+def test_epoch_order_and_augmentation_depend_on_seed_and_epoch_only():
+    a = amp_training.epoch_order(100, 3, 5)
+    assert torch.equal(a, amp_training.epoch_order(100, 3, 5))
+    assert not torch.equal(a, amp_training.epoch_order(100, 3, 6))
+    assert sorted(a.tolist()) == list(range(100))
+    x = torch.rand(200, 1, 28, 28)
+    y = torch.arange(200)
+    src = amp_training.TensorSource(x, y, 16, seed=3, augment=mnist_data.random_shift)
+    full = list(src.batches(2, 0))
+    tail = list(src.batches(2, 5))
+    assert len(full) == 12 and len(tail) == 7
+    for (xa, ya), (xb, yb) in zip(full[5:], tail):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
