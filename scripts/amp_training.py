@@ -485,6 +485,10 @@ def _fmt_scale(s: float) -> str:
     return f"{s:.0f}" if s >= 1 and s == int(s) and s < 1e7 else f"{s:.3g}"
 
 
+def _fmt_rate(r: float) -> str:
+    return f"{r:,.0f}" if r >= 10 else f"{r:.2f}"
+
+
 def run(task: Task, devices: Devices) -> int:
     """Train ``task`` per the flags; print the summary; return the exit status."""
     import torch
@@ -637,7 +641,7 @@ def run(task: Task, devices: Devices) -> int:
                             scale=scale, rate=win_samples / max(now - win_t, 1e-9))
                 win_t, win_samples = now, 0
                 bar.postfix(f"loss={last['loss']:.4f} acc={last['acc']:.1f}% "
-                            f"{last['rate']:,.0f} samples/s"
+                            f"{_fmt_rate(last['rate'])} samples/s"
                             + (f" scale={_fmt_scale(scale)}" if FLAGS.amp else ""))
                 if writer:
                     writer.add_scalar("train/lr", optimizer.param_groups[0]["lr"], global_step)
@@ -697,16 +701,17 @@ def run(task: Task, devices: Devices) -> int:
                          + ("met" if ok else "MISSED"))
         print(f"accuracy      {acc_line}")
     else:
-        print("accuracy      n/a (" + ("fake data" if FLAGS.fake_data else "nothing trained")
-              + ")")
+        why = ("fake data" if task.evaluate is None and "fake" in str(task.compat.get("data"))
+               else "no held-out data" if task.evaluate is None else "nothing trained")
+        print(f"accuracy      n/a ({why})")
         if FLAGS.target_accuracy is not None:
             ok = False
     if steps_run:
-        line = (f"{samples_run / max(train_seconds, 1e-9):,.0f} samples/s overall "
+        line = (f"{_fmt_rate(samples_run / max(train_seconds, 1e-9))} samples/s overall "
                 f"({steps_run} steps, {samples_run:,} samples in {train_seconds:.1f} s)")
         later = windows[1:]            # the first window paid for compilation
         if later and sum(t for _, t in later) > 0:
-            line += (f"; {sum(s for s, _ in later) / sum(t for _, t in later):,.0f} "
+            line += (f"; {_fmt_rate(sum(s for s, _ in later) / sum(t for _, t in later))} "
                      "samples/s after the first progress window")
         print(f"throughput    {line}")
         c = train_counts

@@ -62,8 +62,8 @@ def main(argv):
         raise app.UsageError("--target_accuracy needs --datadir (fake data has no accuracy)")
     if not fake:
         try:
-            train_ds, val_ds, num_classes = amp_training.load_image_folders(FLAGS.datadir, FLAGS.image_size,
-                                                         FLAGS.seed)
+            train_ds, val_ds, num_classes = amp_training.load_image_folders(
+                FLAGS.datadir, FLAGS.image_size, FLAGS.seed)
         except amp_training.DataDirError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -86,6 +86,10 @@ def main(argv):
         return torchvision.models.get_model(FLAGS.model, weights=None, num_classes=num_classes)
 
     size = FLAGS.image_size
+    if devices.hw == "CPU" and size >= 128 and FLAGS.model not in ("resnet18",):
+        print(f"note: on XLA:CPU, {FLAGS.model} at {size}x{size} takes minutes to compile "
+              "and seconds per step; for a quick look try --model resnet18 --image_size 64 "
+              "--batch_size 16", flush=True)
     if fake:
         train = amp_training.FakeSource((3, size, size), num_classes, FLAGS.batch_size,
                                         FLAGS.fake_steps_per_epoch, devices, FLAGS.seed)
