@@ -133,7 +133,7 @@ class Path:
         return dict(path=self.name, transfers=self.counts["TransferFromDeviceTime"] / steps,
                     executions=self.counts["ExecuteTime"] / steps,
                     compilations=self.counts["CompileTime"],
-                    ms=statistics.median(self.ms),
+                    ms=statistics.median(self.ms), lo=min(self.ms), hi=max(self.ms),
                     # read back only after measuring: training went on
                     scale=self.scaler.get_scale(), loss=float(self.loss.item()))
 
@@ -144,15 +144,21 @@ def main():
     ap.add_argument("--steps", type=int, default=100, help="measured steps per path")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--batch", default="128,32",
+                    help="batch sizes, comma-separated: one table each, all in this run")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--paths", default="xla_amp,torch.amp,torch_xla,xla_amp+optim")
     args = ap.parse_args()
 
     dev = torch_xla.device()
+    for batch in [int(b) for b in args.batch.split(",")]:
+        run_batch(args, dev, batch)
+
+
+def run_batch(args, dev, batch):
     g = torch.Generator().manual_seed(0)
-    data = (torch.randn(args.batch, 1, 28, 28, generator=g).to(dev),
-            torch.randint(0, 10, (args.batch,), generator=g).to(dev),
+    data = (torch.randn(batch, 1, 28, 28, generator=g).to(dev),
+            torch.randint(0, 10, (batch,), generator=g).to(dev),
             torch.tensor(1.0).to(dev), torch.tensor(math.inf).to(dev))
 
     paths = [Path(name, args, dev, data) for name in args.paths.split(",")]
@@ -167,17 +173,18 @@ def main():
             p.measure(per_round)
     rows = [p.row(per_round * args.rounds) for p in paths]
     stock = next((r["ms"] for r in rows if r["path"] == "torch.amp"), None)
-    print(f"\nMNIST CNN, batch {args.batch}, bf16 autocast, {args.optimizer}, "
-          f"{per_round * args.rounds} steps ({args.rounds} interleaved rounds, median) after {args.warmup} warm-up, overflow every 5th step, "
+    print(f"\nMNIST CNN, batch {batch}, bf16 autocast, {args.optimizer}, "
+          f"{per_round * args.rounds} steps ({args.rounds} interleaved rounds, median) after "
+          f"{args.warmup} warm-up, overflow every 5th step, "
           f"lr changed every step; device {xm.xla_device_hw(dev)}\n")
     print("| path | D2H transfers/step | executions/step | compilations | ms/step "
-          "| speed-up vs torch.amp | final scale |")
-    print("|---|---|---|---|---|---|---|")
+          "| min..max over rounds | speed-up vs torch.amp | final scale |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         speed = f"{stock / r['ms']:.1f}x" if stock else "-"
         print(f"| {r['path']} | {r['transfers']:.2f} | {r['executions']:.2f} | "
-              f"{r['compilations']} | {r['ms']:.1f} | {speed} | {r['scale']:g} |")
-
+              f"{r['compilations']} | {r['ms']:.1f} | {r['lo']:.1f}..{r['hi']:.1f} | "
+              f"{speed} | {r['scale']:g} |", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -465,7 +465,7 @@ class _Progress:
         if enabled:
             from tqdm import tqdm
             self.bar = tqdm(total=total, initial=initial, desc=desc, unit="step",
-                            dynamic_ncols=True, leave=True, file=sys.stderr,
+                            dynamic_ncols=True, leave=False, file=sys.stderr,
                             mininterval=0.25)
 
     def update(self, n=1):
@@ -617,6 +617,7 @@ def run(task: Task, devices: Devices) -> int:
         state_box["totals"] = torch.zeros(3).to(dev)   # host->device copy: no graph
         bar = _Progress(FLAGS.progress, steps_per_epoch, start,
                         f"epoch {epoch + 1}/{FLAGS.num_epochs}")
+        xm.wait_device_ops()           # evaluation's executions are counted by now
         c0 = Counters.now()
         t0 = win_t = time.perf_counter()
         win_samples = 0

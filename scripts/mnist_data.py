@@ -200,10 +200,12 @@ class MNISTNet(torch.nn.Module):
     """conv(3x3) - relu - conv(3x3) - relu - maxpool(2) - fc - relu - fc.
 
     The launcher's network, and the one ``benchmarks/peers.py`` trains in every
-    framework (its JAX twin mirrors these layers and their layouts).
+    framework (its JAX twin mirrors these layers and their layouts). With the
+    default sizes (32 and 64 channels, 128 hidden units; 1.2 M parameters)
+    the default run reaches >= 97% held-out accuracy within a few epochs.
     """
 
-    def __init__(self, channels: tuple[int, int] = (16, 32), hidden: int = 64,
+    def __init__(self, channels: tuple[int, int] = (32, 64), hidden: int = 128,
                  num_classes: int = 10):
         super().__init__()
         c1, c2 = channels

@@ -290,3 +290,94 @@ def test_bad_hyperparameters_rejected(device):
         syncfree.AdamW(p, lr=-1.0)
     with pytest.raises(ValueError, match="fused"):
         syncfree.Adam(p, fused=True)
+
+
+# -- per-parameter counters that drift apart ------------------------------------
+
+_DRIFT_SHAPES = [(4, 3), (5,), (2, 2), (3,), (6,)]
+
+
+def _drift_has_grad(i, k):
+    # parameter k gets a gradient on step i? (k = 0 and 4 always: one lineage)
+    return {0: True, 1: i % 2 == 0, 2: i >= 3, 3: i % 3 != 1, 4: True}[k]
+
+
+@pytest.mark.parametrize("name,kw", [
+    ("SGD", dict(lr=0.05, momentum=0.9, dampening=0.3)),
+    ("SGD", dict(lr=0.05, momentum=0.9, nesterov=True)),
+    ("Adam", dict(lr=0.01, amsgrad=True)),
+    ("AdamW", dict(lr=0.01, weight_decay=0.1)),
+])
+def test_parameters_stepping_at_different_times(name, kw, device):
+    # Gradients come and go per parameter, so step counts / momentum flags
+    # differ between parameters; some steps are skipped by found_inf; halfway
+    # the state goes through a state dict into a fresh optimizer.
+    steps, skipped, reload_at = 12, {0, 5, 8}, 6
+    g = torch.Generator().manual_seed(3)
+    init = [torch.randn(s, generator=g) for s in _DRIFT_SHAPES]
+    grads = [[torch.randn(s, generator=g) for s in _DRIFT_SHAPES] for _ in range(steps)]
+
+    def run(cls, dev, sync_free):
+        params = [t.clone().to(dev).requires_grad_() for t in init]
+        opt = cls(params, **kw)
+        for i in range(steps):
+            if i == reload_at:
+                sd = copy.deepcopy(opt.state_dict())
+                opt = cls(params, **kw)
+                opt.load_state_dict(sd)
+            if not sync_free and i in skipped:
+                continue
+            for k, p in enumerate(params):
+                p.grad = grads[i][k].to(dev) if _drift_has_grad(i, k) else None
+            if sync_free:
+                opt.step(found_inf=torch.tensor(float(i in skipped)).to(dev))
+                torch_xla.sync()
+            else:
+                opt.step()
+        return [p.detach().cpu() for p in params], opt
+
+    ref, ref_opt = run(getattr(torch.optim, name), torch.device("cpu"), False)
+    out, opt = run(getattr(syncfree, name), device, True)
+    for r, o in zip(ref, out):
+        torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-6)
+    if name != "SGD":
+        ref_steps = {k: float(st["step"]) for k, st in ref_opt.state_dict()["state"].items()}
+        assert len(set(ref_steps.values())) > 2  # they did drift apart
+        assert {k: float(st["step"]) for k, st in opt.state_dict()["state"].items()} == ref_steps
+
+
+def test_bfloat16_parameters_stay_bfloat16(device):
+    params = [torch.randn(s).to(device).to(torch.bfloat16).requires_grad_()
+              for s in [(3, 2), (4,)]]
+    params.append(torch.randn(5).to(device).requires_grad_())  # mixed dtypes in a group
+    for cls, kw in [(syncfree.SGD, dict(lr=0.1, momentum=0.9)), (syncfree.Adam, dict(lr=0.1)),
+                    (syncfree.AdamW, dict(lr=0.1))]:
+        ps = [p.detach().clone().requires_grad_() for p in params]
+        ref = [p.detach().cpu().float().clone().requires_grad_() for p in params]
+        opt, ref_opt = cls(ps, **kw), getattr(torch.optim, cls.__name__)(ref, **kw)
+        for i in range(3):
+            for p, r in zip(ps, ref):
+                p.grad = torch.full_like(p, 0.5 + i)
+                r.grad = torch.full_like(r, 0.5 + i)
+            opt.step(found_inf=torch.tensor(0.0).to(device))
+            ref_opt.step()
+            torch_xla.sync()
+        for p, r, orig in zip(ps, ref, params):
+            assert p.dtype == orig.dtype
+            for st in opt.state[p].values():
+                assert st.dim() == 0 or st.dtype == orig.dtype
+            torch.testing.assert_close(p.detach().cpu().float(), r.detach(),
+                                       rtol=2e-2, atol=2e-2)
+
+
+def test_optimizer_survives_deepcopy(device):
+    p = torch.ones(3, device=device, requires_grad=True)
+    opt = syncfree.Adam([p], lr=0.1)
+    p.grad = torch.ones(3, device=device)
+    opt.step()
+    opt2 = copy.deepcopy(opt)
+    p2 = opt2.param_groups[0]["params"][0]
+    p2.grad = torch.ones(3, device=device)
+    opt2.step(found_inf=torch.tensor(0.0).to(device))
+    torch_xla.sync()
+    assert float(opt2.state_dict()["state"][0]["step"]) == 2.0

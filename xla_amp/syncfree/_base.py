@@ -8,7 +8,10 @@ state tensor, then commits it under a device-side predicate::
         t <- where(keep, t, candidate(t))       # bit-identical when keep
 
 so whether a step is skipped is decided inside the XLA graph, never in
-Python. Hyperparameters (lr, betas, weight decay, ...) enter the graph as
+Python. Candidates are computed for all parameters of a group at once with
+multi-tensor ``torch._foreach_*`` ops (one Python call per operation, not
+per parameter: tracing the step costs little next to the step itself), and
+the commits are one ``torch.where`` per tensor plus one multi-tensor copy. Hyperparameters (lr, betas, weight decay, ...) enter the graph as
 0-dim device tensors rather than as constants, so a new learning rate from a
 scheduler feeds new data to the same compiled graph instead of compiling a
 new one.
@@ -21,6 +24,7 @@ sync-free optimizer and its ``torch.optim`` twin.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -29,8 +33,9 @@ class SyncFreeOptimizer(torch.optim.Optimizer):
     """Base class: device checks, ``found_inf`` validation, masked commits,
     hyperparameter scalars and ``torch.optim``-compatible state dicts.
 
-    Subclasses implement ``_update_group(gi, group, keep)`` (compute and commit
-    one param group) and may override ``_export_state`` / ``_import_state``
+    Subclasses implement ``_update_group(gi, group, keep, params, grads)``
+    (compute and commit one param group with multi-tensor ``torch._foreach_*``
+    ops) and may override ``_export_state`` / ``_import_state``
     to translate between the on-device state and ``torch.optim``'s format.
 
     ``xla_amp.GradScaler`` recognises instances by ``_xla_amp_syncfree`` and
@@ -40,9 +45,26 @@ class SyncFreeOptimizer(torch.optim.Optimizer):
     _xla_amp_syncfree = True
 
     def __init__(self, params, defaults: dict[str, Any]):
+        self._init_host_state()
+        super().__init__(params, defaults)
+
+    def _init_host_state(self) -> None:
         # (group index, role) -> (value, device, 0-dim device tensor)
         self._scalars: dict[tuple, tuple] = {}
-        super().__init__(params, defaults)
+        # Lineages of per-parameter 0-dim counters (Adam's step count, SGD's
+        # momentum-buffer flag), tracked on the host: parameters whose
+        # counters started equal (fresh state, lineage 0, or loaded with the
+        # same value) and that took part in the same step() calls since hold
+        # equal counters, since a skip applies to every parameter of a call.
+        # The scalar work of a step (bias corrections, ...) is then done once
+        # per lineage -- usually one per param group -- not per parameter.
+        self._lineage: dict[torch.Tensor, int] = {}
+        self._lineage_ids = itertools.count(1)
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        if not hasattr(self, "_lineage"):  # unpickled: host state is not pickled
+            self._init_host_state()       # (unknown lineages are safe)
 
     # -- parameter groups ---------------------------------------------------
 
@@ -102,13 +124,15 @@ class SyncFreeOptimizer(torch.optim.Optimizer):
         """
         device = self._check_devices()
         keep = self._keep_mask(found_inf, device)
-        self._check_grads()
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        # Checked for all groups before any update, so bad input changes nothing.
+        work = self._params_with_grads()
         for gi, group in enumerate(self.param_groups):
-            self._update_group(gi, group, keep)
+            if work[gi][0]:
+                self._update_group(gi, group, keep, *work[gi])
         return loss
 
     def _keep_mask(self, found_inf, device) -> torch.Tensor | None:
@@ -129,44 +153,113 @@ class SyncFreeOptimizer(torch.optim.Optimizer):
                 f"parameters are on '{device}'; a host-side flag would force a sync")
         return found_inf != 0
 
-    def _check_grads(self) -> None:
-        # Checked for all groups before any update, so bad input changes nothing.
+    def _params_with_grads(self) -> list[tuple[list, list]]:
+        """(params, grads) of every group, parameters without a gradient left
+        out; raises before anything is updated when a gradient is unusable."""
+        out = []
         for gi, group in enumerate(self.param_groups):
+            params, grads = [], []
             for pi, p in enumerate(group["params"]):
                 g = p.grad
                 if g is None:
                     continue
-                if g.is_sparse:
-                    raise ValueError(
-                        f"{type(self).__name__}: parameter {pi} of param group {gi} "
-                        "has a sparse gradient, which is not supported")
-                if g.shape != p.shape or g.device != p.device:
-                    raise ValueError(
-                        f"{type(self).__name__}: gradient of parameter {pi} of param "
-                        f"group {gi} has shape {tuple(g.shape)} on '{g.device}', "
-                        f"expected {tuple(p.shape)} on '{p.device}'")
+                if g.is_sparse or g.shape != p.shape or g.device != p.device:
+                    self._bad_grad(gi, pi, p, g)
+                params.append(p)
+                grads.append(g)
+            out.append((params, grads))
+        return out
 
-    def _update_group(self, gi: int, group: dict[str, Any],
-                      keep: torch.Tensor | None) -> None:
+    def _bad_grad(self, gi, pi, p, g):
+        if g.is_sparse:
+            raise ValueError(
+                f"{type(self).__name__}: parameter {pi} of param group {gi} "
+                "has a sparse gradient, which is not supported")
+        raise ValueError(
+            f"{type(self).__name__}: gradient of parameter {pi} of param "
+            f"group {gi} has shape {tuple(g.shape)} on '{g.device}', "
+            f"expected {tuple(p.shape)} on '{p.device}'")
+
+    def _update_group(self, gi: int, group: dict[str, Any], keep: torch.Tensor | None,
+                      params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+        """Compute and commit one param group; ``params`` (non-empty) are
+        those with a gradient, ``grads`` their gradients."""
         raise NotImplementedError
 
     @staticmethod
-    def _commit(dst: torch.Tensor, new: torch.Tensor, keep: torch.Tensor | None) -> None:
-        """dst <- new, unless keep (device bool) says the step is skipped."""
-        if keep is None:
-            dst.copy_(new)
-        else:
-            dst.copy_(torch.where(keep, dst, new.to(dst.dtype)))
+    def _commit(dsts: list[torch.Tensor], news: list[torch.Tensor],
+                keep: torch.Tensor | None) -> None:
+        """dst <- new for each pair, unless keep (device bool) says the step
+        is skipped. ``torch.where`` selects exactly (a skipped step leaves the
+        bits of dst, whatever inf/NaN the candidate holds); the writes are one
+        multi-tensor copy."""
+        if keep is not None:
+            news = [torch.where(keep, d, n) for d, n in zip(dsts, news)]
+        torch._foreach_copy_(dsts, news)
+
+    def _counters(self, params: list[torch.Tensor], counters: list[torch.Tensor]):
+        """Per-parameter 0-dim float32 counters, one value per lineage.
+
+        Returns ``(rep, per_param, commit)``: ``rep`` stacks one counter per
+        lineage (shape ``(k,)``); ``per_param(vec)`` turns a ``(k,)`` vector
+        computed from it into one 0-dim tensor per parameter, cast to the
+        parameter's dtype; ``commit(new, keep)`` writes ``new`` (``(k,)``)
+        into every counter under the skip predicate and advances the
+        lineages: call it once per step for these parameters.
+        """
+        lin = self._lineage
+        groups: dict[int, list[int]] = {}
+        for i, p in enumerate(params):
+            k = lin.get(p)
+            if k is None:  # unknown history: a lineage of its own
+                k = lin[p] = next(self._lineage_ids)
+            groups.setdefault(k, []).append(i)
+        which = [0] * len(params)
+        reps = []
+        for j, idx in enumerate(groups.values()):
+            for i in idx:
+                which[i] = j
+            reps.append(counters[idx[0]])
+        rep = torch.stack(reps)
+        dtypes = [p.dtype for p in params]
+
+        def per_param(vec: torch.Tensor) -> list[torch.Tensor]:
+            vals = vec.unbind(0)
+            if len(vals) == 1 and all(d == torch.float32 for d in dtypes):
+                return [vals[0]] * len(params)
+            cast: dict[tuple, torch.Tensor] = {}
+            out = []
+            for j, d in zip(which, dtypes):
+                v = cast.get((j, d))
+                if v is None:
+                    v = cast[(j, d)] = vals[j] if d == torch.float32 else vals[j].to(d)
+                out.append(v)
+            return out
+
+        def commit(new: torch.Tensor, keep: torch.Tensor | None) -> None:
+            if keep is not None:
+                new = torch.where(keep, rep, new)
+            vals = new.unbind(0)
+            torch._foreach_copy_(counters, [vals[j] for j in which])
+            new_ids = [next(self._lineage_ids) for _ in reps]
+            for p, j in zip(params, which):
+                lin[p] = new_ids[j]
+
+        return rep, per_param, commit
 
     @staticmethod
-    def _commit_stacked(dsts: list[torch.Tensor], new: torch.Tensor,
-                        keep: torch.Tensor | None) -> None:
-        """_commit for many 0-dim tensors (step counts, flags) at once:
-        one masked select instead of one per parameter."""
-        if keep is not None:
-            new = torch.where(keep, torch.stack(dsts), new)
-        for dst, v in zip(dsts, new.unbind(0)):
-            dst.copy_(v)
+    def _like(value: torch.Tensor, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """A 0-dim float32 device scalar repeated for a multi-tensor op, cast
+        to each tensor's dtype (some ops want equal dtypes; none should
+        promote a bf16 parameter to float32)."""
+        cast: dict[torch.dtype, torch.Tensor] = {torch.float32: value}
+        out = []
+        for t in tensors:
+            v = cast.get(t.dtype)
+            if v is None:
+                v = cast[t.dtype] = value.to(t.dtype)
+            out.append(v)
+        return out
 
     def _scalar(self, slot, value, device: torch.device) -> torch.Tensor:
         """A hyperparameter as a 0-dim float32 device tensor: a graph input,
@@ -214,8 +307,19 @@ class SyncFreeOptimizer(torch.optim.Optimizer):
         """Load a state dict of this optimizer or of its ``torch.optim`` twin;
         state tensors move to the parameters' device."""
         super().load_state_dict(state_dict)
+        self._lineage.clear()
+        self._loaded_lineages: dict[Any, int] = {}  # loaded counter value -> lineage
         for p, st in list(self.state.items()):
             self._import_state(p, st)
+        del self._loaded_lineages
+
+    def _loaded_lineage(self, value) -> int:
+        """The lineage of a counter loaded with ``value`` (equal values, one
+        lineage)."""
+        lineage = self._loaded_lineages.get(value)
+        if lineage is None:
+            lineage = self._loaded_lineages[value] = next(self._lineage_ids)
+        return lineage
 
     def _host_values(self, states: list[dict[str, Any]]) -> dict[int, Any]:
         """Read every device tensor that export needs on the host at once."""

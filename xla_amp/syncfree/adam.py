@@ -13,6 +13,12 @@ a no-op when found_inf != 0; ``t`` is a float32 device tensor)::
     denom = sqrt(v) / sqrt(1 - beta2 ** t) + eps
     p  <- p' - lr / (1 - beta1 ** t) * m / denom
 
+Every line is one multi-tensor ``torch._foreach_*`` op over the parameters
+of a param group (the last two as ``p' + (m * c1) / (sqrt(v) + c2)`` with
+per-parameter scalars ``c1 = -lr / (1 - beta1 ** t) * sqrt(1 - beta2 ** t)``,
+``c2 = eps * sqrt(1 - beta2 ** t)``); the commits are one ``torch.where``
+per tensor.
+
 (``1 - beta ** t`` is computed as ``-expm1(t * log(beta))`` with the log
 taken in double precision on the host, which keeps float32 close to
 ``torch.optim``'s double-precision bias corrections.)
@@ -86,17 +92,14 @@ class Adam(SyncFreeOptimizer):
 
     _decoupled_default = False
 
-    def _update_group(self, gi: int, group: dict[str, Any], keep) -> None:
-        params = [p for p in group["params"] if p.grad is not None]
-        if not params:
-            return
+    def _update_group(self, gi: int, group: dict[str, Any], keep, params, grads) -> None:
         dev = params[0].device
         beta1, beta2 = group["betas"]
         wd = group["weight_decay"]
         decoupled = group["decoupled_weight_decay"]
         amsgrad = group["amsgrad"]
+        like = self._like
         lr = self._scalar((gi, "lr"), group["lr"], dev)
-        b2 = self._scalar((gi, "beta2"), beta2, dev)
         one_m_b1 = self._one_minus((gi, "1-beta1"), beta1, dev)
         one_m_b2 = self._one_minus((gi, "1-beta2"), beta2, dev)
         eps = self._scalar((gi, "eps"), group["eps"], dev)
@@ -104,48 +107,61 @@ class Adam(SyncFreeOptimizer):
         # 1 - pow(beta, t) in float32 loses ~5 digits for beta2 = 0.999.
         log_b1 = self._log_scalar((gi, "log(beta1)"), beta1, dev)
         log_b2 = self._log_scalar((gi, "log(beta2)"), beta2, dev)
-        if wd != 0:
-            wd_t = self._scalar((gi, "weight_decay"), wd, dev)
-            if decoupled:
-                decay = 1 - lr * wd_t
         for p in params:
             state = self.state[p]
             if len(state) == 0:
                 state["step"] = torch.zeros((), dtype=torch.float32, device=dev)
+                self._lineage[p] = 0  # fresh: step 0
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             if amsgrad and "max_exp_avg_sq" not in state:
                 # also when amsgrad is switched on for existing state
                 state["max_exp_avg_sq"] = torch.zeros_like(
                     p, memory_format=torch.preserve_format)
-        # Scalar work for all parameters of the group at once (fewer ops to trace).
-        steps = [self.state[p]["step"] for p in params]
-        t = torch.stack(steps) + 1
-        step_size = (lr / -torch.expm1(t * log_b1)).unbind(0)
-        bias2_sqrt = torch.sqrt(-torch.expm1(t * log_b2)).unbind(0)
-        self._commit_stacked(steps, t, keep)
-        for i, p in enumerate(params):
-            state = self.state[p]
-            g = p.grad
-            if group["maximize"]:
-                g = -g
-            base = p
-            if wd != 0:
-                if decoupled:
-                    base = p * decay
-                else:
-                    g = g + wd_t * p
-            exp_avg = torch.lerp(state["exp_avg"], g, one_m_b1.to(g.dtype))
-            exp_avg_sq = state["exp_avg_sq"] * b2 + one_m_b2 * g * g
-            if amsgrad:
-                second = torch.maximum(state["max_exp_avg_sq"], exp_avg_sq)
-                self._commit(state["max_exp_avg_sq"], second, keep)
+        states = [self.state[p] for p in params]
+        steps = [st["step"] for st in states]
+        exp_avgs = [st["exp_avg"] for st in states]
+        exp_avg_sqs = [st["exp_avg_sq"] for st in states]
+
+        # Scalars once per lineage of step counts (see SyncFreeOptimizer._counters;
+        # usually one per param group), as float32 vectors.
+        t, per_param, commit_steps = self._counters(params, steps)
+        t = t + 1
+        step_size = lr / -torch.expm1(t * log_b1)
+        bias2_sqrt = torch.sqrt(-torch.expm1(t * log_b2))
+        # p - step_size * m / (sqrt(v) / bias2_sqrt + eps)
+        #   = p + (m * c1) / (sqrt(v) + c2),
+        #   c1 = -step_size * bias2_sqrt,  c2 = eps * bias2_sqrt
+        # (finite for lr = 0, unlike dividing by lr as capturable torch.optim does)
+        c1 = per_param(-step_size * bias2_sqrt)
+        c2 = per_param(eps * bias2_sqrt)
+
+        if group["maximize"]:
+            grads = torch._foreach_neg(grads)
+        base = params
+        if wd != 0:
+            wd_t = self._scalar((gi, "weight_decay"), wd, dev)
+            if decoupled:
+                base = torch._foreach_mul(params, like(1 - lr * wd_t, params))
             else:
-                second = exp_avg_sq
-            denom = torch.sqrt(second) / bias2_sqrt[i] + eps
-            self._commit(state["exp_avg"], exp_avg, keep)
-            self._commit(state["exp_avg_sq"], exp_avg_sq, keep)
-            self._commit(p, base - step_size[i] * exp_avg / denom, keep)
+                grads = torch._foreach_addcmul(grads, params, like(wd_t, params))
+        new_avgs = torch._foreach_lerp(exp_avgs, grads, like(one_m_b1, grads))
+        # beta2 * v + (1 - beta2) * g * g, as lerp(v, g * g, 1 - beta2)
+        new_sqs = torch._foreach_lerp(exp_avg_sqs, torch._foreach_mul(grads, grads),
+                                      like(one_m_b2, grads))
+        second = new_sqs
+        if amsgrad:
+            maxs = [st["max_exp_avg_sq"] for st in states]
+            second = torch._foreach_maximum(maxs, new_sqs)
+            self._commit(maxs, second, keep)
+        # (out-of-place ops only: PyTorch/XLA checks in-place foreach ops
+        # through Python meta functions, ~5x the cost of the op itself)
+        denom = torch._foreach_add(torch._foreach_sqrt(second), c2)
+        new_params = torch._foreach_addcdiv(base, torch._foreach_mul(new_avgs, c1), denom)
+        commit_steps(t, keep)
+        self._commit(exp_avgs, new_avgs, keep)
+        self._commit(exp_avg_sqs, new_sqs, keep)
+        self._commit(params, new_params, keep)
 
     def _one_minus(self, slot, beta, dev):
         if isinstance(beta, torch.Tensor):
@@ -174,4 +190,5 @@ class Adam(SyncFreeOptimizer):
             step = state["step"]
             if not isinstance(step, torch.Tensor):
                 step = torch.tensor(float(step))
+            self._lineage[p] = self._loaded_lineage(float(step))
             state["step"] = step.detach().reshape(()).to(dtype=torch.float32, device=p.device)

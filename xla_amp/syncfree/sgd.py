@@ -70,16 +70,16 @@ class SGD(SyncFreeOptimizer):
             group.setdefault("differentiable", False)
             group.setdefault("fused", None)
 
-    def _update_group(self, gi: int, group: dict[str, Any], keep) -> None:
-        params = [p for p in group["params"] if p.grad is not None]
-        if not params:
-            return
+    def _update_group(self, gi: int, group: dict[str, Any], keep, params, grads) -> None:
         dev = params[0].device
         momentum = group["momentum"]
         wd = group["weight_decay"]
-        lr = self._scalar((gi, "lr"), group["lr"], dev)
+        like = self._like
+        if group["maximize"]:
+            grads = torch._foreach_neg(grads)
         if wd != 0:
             wd_t = self._scalar((gi, "weight_decay"), wd, dev)
+            grads = torch._foreach_addcmul(grads, params, like(wd_t, params))  # g + p * wd
         if momentum != 0:
             m_t = self._scalar((gi, "momentum"), momentum, dev)
             damp_t = self._scalar((gi, "1-dampening"), 1.0 - group["dampening"], dev)
@@ -89,23 +89,27 @@ class SGD(SyncFreeOptimizer):
                     state["momentum_buffer"] = torch.zeros_like(
                         p, memory_format=torch.preserve_format)
                     state[_READY] = torch.zeros((), dtype=torch.float32, device=dev)
+                    self._lineage[p] = 0  # fresh: not ready
+            bufs = [self.state[p]["momentum_buffer"] for p in params]
             flags = [self.state[p][_READY] for p in params]
-            ready = (torch.stack(flags) > 0).unbind(0)
-            self._commit_stacked(flags, torch.ones(len(flags), device=dev), keep)
-        for i, p in enumerate(params):
-            g = p.grad
-            if group["maximize"]:
-                g = -g
-            if wd != 0:
-                g = g + wd_t * p
-            if momentum != 0:
-                buf = self.state[p]["momentum_buffer"]
-                new_buf = torch.where(ready[i], buf * m_t + damp_t * g, g)
-                self._commit(buf, new_buf, keep)
-                d = g + m_t * new_buf if group["nesterov"] else new_buf
+            ready, per_param, commit_flags = self._counters(params, flags)
+            # A buffer that is not ready holds zeros (it is only ever written
+            # by a committed step, which makes it ready), so
+            #   buf * momentum + g * (ready ? 1 - dampening : 1)
+            # is torch.optim's first-step copy of g as well as its update.
+            # (Out-of-place ops only: PyTorch/XLA checks in-place foreach ops
+            # through Python meta functions, several times the op's cost.)
+            g_coef = per_param(torch.where(ready > 0, damp_t, 1.0))
+            new_bufs = torch._foreach_addcmul(torch._foreach_mul(bufs, like(m_t, bufs)),
+                                              grads, g_coef)
+            commit_flags(torch.ones_like(ready), keep)
+            self._commit(bufs, new_bufs, keep)
+            if group["nesterov"]:
+                grads = torch._foreach_addcmul(grads, new_bufs, like(m_t, grads))
             else:
-                d = g
-            self._commit(p, p - lr * d, keep)
+                grads = new_bufs
+        neg_lr = -self._scalar((gi, "lr"), group["lr"], dev)
+        self._commit(params, torch._foreach_addcmul(params, grads, like(neg_lr, params)), keep)
 
     # torch.optim.SGD state: {"momentum_buffer": tensor}, present once used.
     def _host_keys(self, state):
@@ -122,5 +126,6 @@ class SGD(SyncFreeOptimizer):
         if buf is None:
             state.pop("momentum_buffer", None)
             state.pop(_READY, None)
-        elif _READY not in state:
+        elif _READY not in state:  # a loaded buffer is in use: ready
             state[_READY] = torch.ones((), dtype=torch.float32, device=p.device)
+            self._lineage[p] = self._loaded_lineage("ready")
