@@ -37,11 +37,16 @@ build: xla_amp/.built
 test: build
 	$(PY) -m pytest -q tests
 
+# The main job: AMP training on real handwritten digits (sklearn's, shipped in
+# the package), GradScaler + a syncfree optimizer, on XLA:CPU.
 demo: build
-	$(PY) scripts/demo_autocast.py
+	$(PY) scripts/train_mnist_amp.py --target_accuracy 97
 
 bench: build
 	$(PY) benchmarks/trace_cost.py
+	$(PY) benchmarks/syncfree_step.py
+	$(PY) benchmarks/allreduce_buckets.py
+	$(PY) benchmarks/peers.py
 
 clean:
 	rm -rf build xla_amp/_C*.so xla_amp/.built *.egg-info

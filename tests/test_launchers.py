@@ -196,14 +196,12 @@ def _image_folder(root, classes=("cat", "dog"), train=6, val=3, size=(40, 48)):
 RESNET_POLICY = ["--policy", "tpu"]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="torch_xla: bf16 BatchNorm input + max_pool2d backward fails the "
-                          "HLO verifier under the cpu policy; remove this mark when fixed")
 def test_imagenet_fake_data_default_policy():
     proc = launch("train_imagenet_amp.py", "--model", "resnet18", "--image_size", 32,
                   "--batch_size", 2, "--max_steps", 1, "--num_classes", 10)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "n/a (fake data)" in summary(proc, "accuracy")
+    assert "using the 'tpu' autocast policy on XLA:CPU" in proc.stdout
 
 
 def test_imagenet_image_folder_run(tmp_path):
