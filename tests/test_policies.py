@@ -92,9 +92,12 @@ def test_hpu_rejects_float16(device):
 
 @pytest.mark.parametrize("name,key", [("cuda", "AutocastCUDA"), ("cpu", "AutocastCPU")])
 def test_tables_equal_pytorch_registrations(name, key):
-    """Exactly the overloads PyTorch 2.9 autocasts on that device."""
+    """Exactly the aten overloads PyTorch 2.9 autocasts on that device.
+    (Libraries add their own once imported, e.g. torchvision::roi_align;
+    those are not in the documents.)"""
     mine = set(_expanded(policies.get(name)))
-    theirs = set(torch._C._dispatch_get_registrations_for_dispatch_key(key))
+    theirs = {op for op in torch._C._dispatch_get_registrations_for_dispatch_key(key)
+              if op.startswith("aten::")}
     if name == "cuda":
         theirs -= CUDA_ONLY
     assert mine == theirs
