@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "autocast_kernel.h"
+#include "typed_kernels.h"
 
 namespace xla_amp {
 namespace {
@@ -79,9 +80,11 @@ RegistrationResult register_ops(const std::vector<std::string>& names) {
           __LINE__);
     }
     const int slot = static_cast<int>(r.names.size());
-    lib->impl(op_and_overload.c_str(),
-              torch::CppFunction::makeFromBoxedFunctor(
-                  std::make_unique<AutocastKernel>(slot)));
+    if (!register_typed_kernel(*lib, ns, op_and_overload, slot)) {
+      lib->impl(op_and_overload.c_str(),
+                torch::CppFunction::makeFromBoxedFunctor(
+                    std::make_unique<AutocastKernel>(slot)));
+    }
     r.slot_of.emplace(full, slot);
     r.names.push_back(full);
     result.slots.push_back(slot);
