@@ -61,8 +61,15 @@ class SyncFreeOptimizer(torch.optim.Optimizer):
         self._lineage: dict[torch.Tensor, int] = {}
         self._lineage_ids = itertools.count(1)
 
+    # Group keys every torch.optim namesake fills in for old pickles.
+    _GROUP_DEFAULTS = {"maximize": False, "foreach": None, "differentiable": False,
+                       "fused": None}
+
     def __setstate__(self, state):
         super().__setstate__(state)
+        for group in self.param_groups:
+            for key, value in self._GROUP_DEFAULTS.items():
+                group.setdefault(key, value)
         if not hasattr(self, "_lineage"):  # unpickled: host state is not pickled
             self._init_host_state()       # (unknown lineages are safe)
 

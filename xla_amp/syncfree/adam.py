@@ -79,15 +79,12 @@ class Adam(SyncFreeOptimizer):
                         decoupled_weight_decay=decoupled_weight_decay)
         super().__init__(params, defaults)
 
+    _GROUP_DEFAULTS = {**SyncFreeOptimizer._GROUP_DEFAULTS, "amsgrad": False,
+                       "capturable": False}
+
     def __setstate__(self, state):
         super().__setstate__(state)
         for group in self.param_groups:
-            group.setdefault("amsgrad", False)
-            group.setdefault("maximize", False)
-            group.setdefault("foreach", None)
-            group.setdefault("capturable", False)
-            group.setdefault("differentiable", False)
-            group.setdefault("fused", None)
             group.setdefault("decoupled_weight_decay", self._decoupled_default)
 
     _decoupled_default = False

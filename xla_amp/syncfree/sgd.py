@@ -61,14 +61,7 @@ class SGD(SyncFreeOptimizer):
                         differentiable=False, fused=None)
         super().__init__(params, defaults)
 
-    def __setstate__(self, state):
-        super().__setstate__(state)
-        for group in self.param_groups:
-            group.setdefault("nesterov", False)
-            group.setdefault("maximize", False)
-            group.setdefault("foreach", None)
-            group.setdefault("differentiable", False)
-            group.setdefault("fused", None)
+    _GROUP_DEFAULTS = {**SyncFreeOptimizer._GROUP_DEFAULTS, "nesterov": False}
 
     def _update_group(self, gi: int, group: dict[str, Any], keep, params, grads) -> None:
         dev = params[0].device
