@@ -574,8 +574,9 @@ def run(task: Task, devices: Devices) -> int:
             n = torch.full((), float(y.shape[0]), device=dev)
             correct = (logits.argmax(dim=1) == y).sum().float()
             totals = state_box["totals"] + torch.stack([loss.detach().float() * n, correct, n])
-            scale = (scaler._scale if FLAGS.amp and scaler._scale is not None
-                     else torch.ones((), device=dev))
+            scale = scaler.get_scale_tensor() if FLAGS.amp else None
+            if scale is None:
+                scale = torch.ones((), device=dev)
             state_box["totals"] = totals
             # one tensor, so that a progress read is a single transfer
             state_box["monitor"] = torch.cat([totals, scale.reshape(1).float()])

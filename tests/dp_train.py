@@ -55,7 +55,7 @@ def main():
             loss = torch.nn.functional.cross_entropy(model(x), y)
         scaler.scale(loss).backward()
         xla_amp.optimizer_step(opt, scaler=scaler)
-        scales.append(scaler._scale.detach().clone())
+        scales.append(scaler.get_scale_tensor().detach().clone())
         torch_xla.sync()
     torch.save({"params": [p.detach().cpu() for p in model.parameters()],
                 "scales": [float(s.cpu()) for s in scales]}, args.out)

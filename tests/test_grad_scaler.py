@@ -302,3 +302,18 @@ def test_torch_xla_syncfree_optimizer_gets_found_inf(device):
     _train(model, opt, scaler, device, pattern="OFF", sync=False, start=2)
     torch_xla.sync()
     assert _count("TransferFromDeviceTime") == 0
+
+
+def test_get_scale_tensor_reads_without_transfer(device):
+    import torch_xla.debug.metrics as met
+    scaler = xla_amp.GradScaler(init_scale=512.0)
+    assert scaler.get_scale_tensor() is None  # created by the first scale()
+    loss = torch.ones((), device=device)
+    scaler.scale(loss)
+    torch_xla.sync()
+    met.clear_all()
+    t = scaler.get_scale_tensor()
+    assert t.device.type == "xla" and t.dim() == 0
+    assert met.metric_data("TransferFromDeviceTime") is None
+    assert float(t.cpu()) == 512.0
+    assert xla_amp.GradScaler(enabled=False).get_scale_tensor() is None

@@ -141,6 +141,10 @@ def optimizer_step(optimizer, scaler=None, groups: Optional[list[list[int]]] = N
 
     Works in replica mode (``torch_xla.launch``), with one replica and under
     SPMD with the same code. Returns what the optimizer's step returned.
+
+    It calls ``scaler.update()``: with several optimizers sharing a scaler,
+    call `all_reduce_gradients` and ``scaler.step`` for each, then one
+    ``scaler.update()``, instead.
     """
     optimizer_args = optimizer_args or {}
     all_reduce_gradients(optimizer, groups=groups, pin_layout=pin_layout)

@@ -255,6 +255,14 @@ class GradScaler:
             return 1.0
         return self._init_scale if self._scale is None else float(self._scale.item())
 
+    def get_scale_tensor(self) -> Optional[torch.Tensor]:
+        """The scale as the 0-dim device tensor itself (no transfer): for
+        logging it with other device values in one read. None before the
+        first :meth:`scale` call or when disabled. Do not modify it."""
+        if not self._enabled:
+            return None
+        return self._scale
+
     def is_enabled(self) -> bool:
         """Whether this scaler is enabled."""
         return self._enabled
