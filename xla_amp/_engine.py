@@ -1,7 +1,7 @@
 """Glue between Policy objects and the native engine (xla_amp._C).
 
     compile(policy)  -> CompiledPolicy   (registers kernels for its ops once)
-    push(policy) / pop()                  the calling thread's active policy
+    push_compiled(table) / pop()          the calling thread's active policy
     install()                             at import: take over AutocastXLA
 
 On `install()` the engine registers its kernel for every op PyTorch/XLA
@@ -60,12 +60,8 @@ def compile(policy: Policy) -> "_C.CompiledPolicy":
         return table
 
 
-def push(policy: Policy) -> None:
-    _C.push_policy(compile(policy))
-
-
+push_compiled = _C.push_policy  # push_compiled(compile(policy))
 pop = _C.pop_policy
-push_compiled = _C.push_policy
 
 
 def active_policy_name() -> str | None:
