@@ -107,9 +107,7 @@ void AutocastKernel::operator()(const c10::OperatorHandle& op,
   if (category == CastCategory::kNone && !info.mutates) {
     // Not autocast under this policy: behave as if no kernel were here, so
     // the ops a composite calls inside still meet autocast.
-    op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER,
-                                                c10::DispatchKey::AutocastXLA),
-                       stack);
+    op.redispatchBoxed(ks & kBelowAutocast, stack);
     return;
   }
   // From here on the op is either cast or deliberately left alone (in-place,

@@ -8,6 +8,11 @@
 
 namespace xla_amp {
 
+// Redispatch target for an op the active policy leaves alone: everything
+// below AutocastXLA, as if no autocast kernel were registered.
+inline const c10::DispatchKeySet kBelowAutocast(c10::DispatchKeySet::FULL_AFTER,
+                                                c10::DispatchKey::AutocastXLA);
+
 // Registered for an op under the AutocastXLA key. On each call it looks up
 // the op's category in the thread's active policy, casts the arguments on
 // the stack accordingly and calls the op again with AutocastXLA excluded, so

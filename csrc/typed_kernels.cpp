@@ -85,9 +85,6 @@ bool explicit_dtype(const T&) {
   return false;
 }
 
-const c10::DispatchKeySet kBelowAutocast(c10::DispatchKeySet::FULL_AFTER,
-                                         c10::DispatchKey::AutocastXLA);
-
 // -- the typed kernel -----------------------------------------------------
 
 template <class Sig>
