@@ -13,10 +13,16 @@ changes the learning rate every step. The same loop runs with:
                    (PyTorch/XLA 2.9 ships no scaler for its syncfree optimizers)
   xla_amp+optim    xla_amp.GradScaler + torch.optim.<Opt>, masked step
                    (Adam/AdamW built with capturable=True so state stays on device)
+  no-scaling       xla_amp.syncfree.<Opt> and no loss scaling at all, and no
+                   overflow injected: what the step costs without any scaler,
+                   a floor for every path above (so the best speed-up over
+                   the stock path any scaler can reach on this machine)
 
 After warm-up it reads torch_xla.debug.metrics over the measured steps and
 prints a markdown table: device-to-host transfers per step, executions per
-step, compilations, ms/step and the speed-up over the stock path.
+step, compilations, ms/step (median over rounds), the speed-up over the stock
+path, and the time relative to PyTorch/XLA's syncfree optimizers paired by
+round (median of per-round ratios: slow drifts of the machine cancel).
 """
 from __future__ import annotations
 
@@ -79,6 +85,9 @@ def make_path(name, opt_name, params, dev, lr):
         import torch_xla.amp.syncfree as txs
         return (getattr(txs, cls)(params, **kw), xla_amp.GradScaler(),
                 lambda: _xla_amp_autocast(dev))
+    if name == "no-scaling":
+        return (getattr(xla_amp.syncfree, cls)(params, **kw), None,
+                lambda: _xla_amp_autocast(dev))
     if name == "xla_amp+optim":
         if opt_name != "sgd":
             kw["capturable"] = True
@@ -106,12 +115,18 @@ class Path:
         x, y, one, inf = self.data
         self.opt.zero_grad(set_to_none=True)
         # overflow injected through the data; a device-side factor keeps one graph
-        xb = x * (inf if self.i % 5 == 4 else one)
-        with self.amp():
-            loss = F.nll_loss(self.model(xb), y)
-        self.scaler.scale(loss).backward()
-        self.scaler.step(self.opt)
-        self.scaler.update()
+        if self.scaler is None:  # the no-scaling floor
+            with self.amp():
+                loss = F.nll_loss(self.model(x * one), y)
+            loss.backward()
+            self.opt.step()
+        else:
+            xb = x * (inf if self.i % 5 == 4 else one)
+            with self.amp():
+                loss = F.nll_loss(self.model(xb), y)
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.opt)
+            self.scaler.update()
         self.sched.step()
         torch_xla.sync()
         self.i += 1
@@ -135,19 +150,20 @@ class Path:
                     compilations=self.counts["CompileTime"],
                     ms=statistics.median(self.ms), lo=min(self.ms), hi=max(self.ms),
                     # read back only after measuring: training went on
-                    scale=self.scaler.get_scale(), loss=float(self.loss.item()))
+                    scale=self.scaler.get_scale() if self.scaler else None,
+                    loss=float(self.loss.item()), per_round=self.ms)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="adam")
-    ap.add_argument("--steps", type=int, default=100, help="measured steps per path")
+    ap.add_argument("--steps", type=int, default=200, help="measured steps per path")
     ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--batch", default="128,32",
                     help="batch sizes, comma-separated: one table each, all in this run")
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--paths", default="xla_amp,torch.amp,torch_xla,xla_amp+optim")
+    ap.add_argument("--paths", default="xla_amp,torch.amp,torch_xla,xla_amp+optim,no-scaling")
     args = ap.parse_args()
 
     dev = torch_xla.device()
@@ -173,18 +189,24 @@ def run_batch(args, dev, batch):
             p.measure(per_round)
     rows = [p.row(per_round * args.rounds) for p in paths]
     stock = next((r["ms"] for r in rows if r["path"] == "torch.amp"), None)
+    txla = next((r["per_round"] for r in rows if r["path"] == "torch_xla"), None)
     print(f"\nMNIST CNN, batch {batch}, bf16 autocast, {args.optimizer}, "
           f"{per_round * args.rounds} steps ({args.rounds} interleaved rounds, median) after "
           f"{args.warmup} warm-up, overflow every 5th step, "
           f"lr changed every step; device {xm.xla_device_hw(dev)}\n")
     print("| path | D2H transfers/step | executions/step | compilations | ms/step "
-          "| min..max over rounds | speed-up vs torch.amp | final scale |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| min..max over rounds | speed-up vs torch.amp | time vs torch_xla (paired) "
+          "| final scale |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         speed = f"{stock / r['ms']:.1f}x" if stock else "-"
+        paired = (f"{statistics.median(a / b for a, b in zip(r['per_round'], txla)):.2f}"
+                  if txla else "-")
+        scale = "-" if r["scale"] is None else f"{r['scale']:g}"
         print(f"| {r['path']} | {r['transfers']:.2f} | {r['executions']:.2f} | "
               f"{r['compilations']} | {r['ms']:.1f} | {r['lo']:.1f}..{r['hi']:.1f} | "
-              f"{speed} | {r['scale']:g} |", flush=True)
+              f"{speed} | {paired} | {scale} |", flush=True)
+
 
 if __name__ == "__main__":
     main()

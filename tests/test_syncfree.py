@@ -1,6 +1,8 @@
 """xla_amp.syncfree: parity with torch.optim, device-side skip, state dicts."""
 import copy
+import functools
 import itertools
+import types
 
 import pytest
 import torch
@@ -12,6 +14,17 @@ from xla_amp import syncfree
 
 STEPS = 20
 SHAPES = [(5, 3), (7,), (4,)]
+
+
+@pytest.fixture(params=["fused", "portable"])
+def sf(request):
+    """xla_amp.syncfree with each optimizer pinned to one path: PyTorch/XLA's
+    fused op (fused=True, so a silent fall-back would raise) or the portable
+    multi-tensor one (fused=False)."""
+    fused = request.param == "fused"
+    return types.SimpleNamespace(**{
+        n: functools.partial(getattr(syncfree, n), fused=fused)
+        for n in ("SGD", "Adam", "AdamW")})
 
 
 def _clear_metrics():
@@ -84,11 +97,11 @@ def _case_id(case):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
-def test_parity_with_torch_optim(case, device):
+def test_parity_with_torch_optim(case, device, sf):
     name, kw = case
     grads = _grads()
     ref, _ = _run(getattr(torch.optim, name), kw, torch.device("cpu"), grads)
-    out, _ = _run(getattr(syncfree, name), kw, device, grads)
+    out, _ = _run(getattr(sf, name), kw, device, grads)
     for r, o in zip(ref, out):
         torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-6)
     assert torch.equal(out[2], _init()[2])  # no grad: untouched
@@ -99,11 +112,11 @@ def test_parity_with_torch_optim(case, device):
     ("Adam", dict(lr=0.01, amsgrad=True)),
     ("AdamW", dict(lr=0.01)),
 ])
-def test_found_inf_skips_like_a_missing_step(name, kw, device):
+def test_found_inf_skips_like_a_missing_step(name, kw, device, sf):
     # skipping step 0 (state not created yet in torch.optim) and step 3
     grads = _grads(8)
     ref, _ = _run(getattr(torch.optim, name), kw, torch.device("cpu"), grads, skip={0, 3})
-    out, opt = _run(getattr(syncfree, name), kw, device, grads, found_inf_on={0, 3})
+    out, opt = _run(getattr(sf, name), kw, device, grads, found_inf_on={0, 3})
     for r, o in zip(ref, out):
         torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-6)
 
@@ -120,8 +133,8 @@ def _snapshot(opt):
     ("Adam", dict(lr=0.01, amsgrad=True, weight_decay=0.1)),
     ("AdamW", dict(lr=0.01, maximize=True)),
 ])
-def test_skip_is_bit_exact(name, kw, device):
-    _, opt = _run(getattr(syncfree, name), kw, device, _grads(3))
+def test_skip_is_bit_exact(name, kw, device, sf):
+    _, opt = _run(getattr(sf, name), kw, device, _grads(3))
     before = _snapshot(opt)
     params = [p for g in opt.param_groups for p in g["params"]]
     for p in params[:2]:
@@ -138,9 +151,9 @@ def test_skip_is_bit_exact(name, kw, device):
             assert torch.equal(st[k], after[1][pid][k]), k
 
 
-def test_first_step_skipped_leaves_no_momentum_buffer(device):
+def test_first_step_skipped_leaves_no_momentum_buffer(device, sf):
     p = torch.ones(3, device=device, requires_grad=True)
-    opt = syncfree.SGD([p], lr=0.1, momentum=0.9)
+    opt = sf.SGD([p], lr=0.1, momentum=0.9)
     p.grad = torch.full((3,), float("nan"), device=device)
     opt.step(found_inf=torch.tensor(2.0).to(device))
     torch_xla.sync()
@@ -153,7 +166,7 @@ def test_first_step_skipped_leaves_no_momentum_buffer(device):
     ("Adam", dict(lr=0.01, amsgrad=True)),
     ("AdamW", dict(lr=0.01, weight_decay=0.05)),
 ])
-def test_state_dict_round_trip_and_torch_optim_twin(name, kw, device):
+def test_state_dict_round_trip_and_torch_optim_twin(name, kw, device, sf):
     grads = _grads(10)
     first, rest = grads[:5], grads[5:]
 
@@ -175,7 +188,7 @@ def test_state_dict_round_trip_and_torch_optim_twin(name, kw, device):
             torch_xla.sync()
         return [p.detach().cpu() for p in params]
 
-    ours_cls, torch_cls = getattr(syncfree, name), getattr(torch.optim, name)
+    ours_cls, torch_cls = getattr(sf, name), getattr(torch.optim, name)
     full_ours, _ = _run(ours_cls, kw, device, grads)
     _, ours5 = _run(ours_cls, kw, device, first)
     _, torch5 = _run(torch_cls, kw, device, first)
@@ -207,10 +220,10 @@ def test_state_dict_round_trip_and_torch_optim_twin(name, kw, device):
     # must not merge graph inputs)
     ("Adam", "step"),
 ])
-def test_lr_schedule_does_not_recompile_or_sync(name, sched, device):
+def test_lr_schedule_does_not_recompile_or_sync(name, sched, device, sf):
     params = [t.clone().to(device).requires_grad_() for t in _init()]
     kw = dict(lr=0.1, momentum=0.9) if name == "SGD" else dict(lr=1e-3)
-    opt = getattr(syncfree, name)(params, **kw)
+    opt = getattr(sf, name)(params, **kw)
     if sched == "exp":
         sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.9)
     else:
@@ -288,8 +301,75 @@ def test_bad_hyperparameters_rejected(device):
         syncfree.Adam(p, betas=(0.9, 1.0))
     with pytest.raises(ValueError, match="learning rate"):
         syncfree.AdamW(p, lr=-1.0)
-    with pytest.raises(ValueError, match="fused"):
-        syncfree.Adam(p, fused=True)
+    with pytest.raises(RuntimeError, match="cannot be `True` together"):
+        syncfree.Adam(p, fused=True, foreach=True)
+
+
+@pytest.mark.parametrize("cls", [syncfree.SGD, syncfree.Adam, syncfree.AdamW])
+def test_fused_true_that_cannot_be_served_is_rejected(cls, device):
+    bf16 = torch.zeros(2, device=device, dtype=torch.bfloat16, requires_grad=True)
+    with pytest.raises(ValueError, match="param group 0 has fused=True but .*bfloat16"):
+        cls([bf16], lr=0.1, fused=True)
+    fp32 = torch.ones(2, device=device, requires_grad=True)
+    opt = cls([fp32], lr=0.1, fused=True)
+    with pytest.raises(ValueError, match="param group 1 has fused=True but 'lr' is a tensor"):
+        opt.add_param_group({"params": [torch.ones(2, device=device, requires_grad=True)],
+                             "lr": torch.tensor(0.1)})
+    assert len(opt.param_groups) == 1
+    # switched to a tensor lr after construction: refused at step(), nothing changes
+    opt.param_groups[0]["lr"] = torch.tensor(0.1)
+    fp32.grad = torch.ones(2, device=device)
+    with pytest.raises(ValueError, match="'lr' is a tensor"):
+        opt.step()
+    torch_xla.sync()
+    assert len(opt.state) == 0 and torch.equal(fp32.detach().cpu(), torch.ones(2))
+    # fused=None falls back to the portable path for both
+    auto = cls([bf16], lr=0.1)
+    auto.add_param_group({"params": [fp32], "lr": torch.tensor(0.1)})
+    bf16.grad = torch.ones(2, device=device, dtype=torch.bfloat16)
+    auto.step()
+    torch_xla.sync()
+    assert float(fp32.detach().cpu()[0]) < 1.0 and float(bf16.detach().float().cpu()[0]) < 0.0
+
+
+def _ir(tensors):
+    return torch_xla._XLAC._get_xla_tensors_text(tensors)
+
+
+@pytest.mark.parametrize("name,kw,op", [
+    ("SGD", dict(lr=0.1, momentum=0.9), "xla::sgd_optimizer_step"),
+    ("SGD", dict(lr=0.1), "xla::sgd_optimizer_step"),
+    ("Adam", dict(lr=0.1, amsgrad=True), "xla::adam_optimizer_step"),
+    ("AdamW", dict(lr=0.1), "xla::adam_optimizer_step"),
+])
+def test_default_path_is_one_fused_node_per_parameter(name, kw, op, device):
+    params = [torch.ones(s, device=device, requires_grad=True) for s in [(3, 2), (4,), (5,)]]
+    for fused in (None, False):
+        opt = getattr(syncfree, name)(params, fused=fused, **kw)
+        for p in params:
+            p.grad = torch.ones_like(p)
+        torch_xla.sync()
+        opt.step(found_inf=torch.tensor(0.0).to(device))
+        ir = _ir(params)
+        if fused is None:
+            assert ir.count(op + "(") == len(params)
+            assert "aten::where" not in ir
+        else:
+            assert op not in ir and ir.count("aten::where") >= len(params)
+        torch_xla.sync()
+
+
+@pytest.mark.parametrize("flag", [
+    torch.tensor(True), torch.tensor(2), torch.tensor(1e-300, dtype=torch.float64),
+    torch.tensor(float("nan")), torch.tensor(-1.0)])
+def test_any_nonzero_found_inf_skips_on_both_paths(flag, sf, device):
+    p = torch.ones(3, device=device, requires_grad=True)
+    opt = sf.Adam([p], lr=0.1)
+    p.grad = torch.ones(3, device=device)
+    opt.step(found_inf=flag.to(device))
+    torch_xla.sync()
+    assert torch.equal(p.detach().cpu(), torch.ones(3))
+    assert float(opt.state_dict()["state"][0]["step"]) == 0.0
 
 
 # -- per-parameter counters that drift apart ------------------------------------
@@ -308,7 +388,7 @@ def _drift_has_grad(i, k):
     ("Adam", dict(lr=0.01, amsgrad=True)),
     ("AdamW", dict(lr=0.01, weight_decay=0.1)),
 ])
-def test_parameters_stepping_at_different_times(name, kw, device):
+def test_parameters_stepping_at_different_times(name, kw, device, sf):
     # Gradients come and go per parameter, so step counts / momentum flags
     # differ between parameters; some steps are skipped by found_inf; halfway
     # the state goes through a state dict into a fresh optimizer.
@@ -337,7 +417,7 @@ def test_parameters_stepping_at_different_times(name, kw, device):
         return [p.detach().cpu() for p in params], opt
 
     ref, ref_opt = run(getattr(torch.optim, name), torch.device("cpu"), False)
-    out, opt = run(getattr(syncfree, name), device, True)
+    out, opt = run(getattr(sf, name), device, True)
     for r, o in zip(ref, out):
         torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-6)
     if name != "SGD":

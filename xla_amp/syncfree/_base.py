@@ -1,20 +1,23 @@
 """Shared machinery of the sync-free optimizers.
 
-A sync-free optimizer computes a *candidate* update for every parameter and
-state tensor, then commits it under a device-side predicate::
+A step never decides in Python whether it is skipped; the device does::
 
-    keep = found_inf != 0                       # 0-dim bool, on the device
-    for each tensor t updated by the step (parameter, state, step count):
-        t <- where(keep, t, candidate(t))       # bit-identical when keep
+    step(found_inf):
+        check every parameter, gradient and found_inf     # raises, changes nothing
+        for each param group:
+            if fused (default where possible):            # syncfree/_fused.py
+                one PyTorch/XLA fused op per parameter: update, state, step
+                count and the skip on found_inf in a single IR node
+            else (portable path: bf16 parameters, tensor hyperparameters,
+                  fused=False):
+                candidates for all parameters at once with multi-tensor
+                ``torch._foreach_*`` ops, then for each written tensor t
+                    t <- where(found_inf != 0, t, candidate(t))
 
-so whether a step is skipped is decided inside the XLA graph, never in
-Python. Candidates are computed for all parameters of a group at once with
-multi-tensor ``torch._foreach_*`` ops (one Python call per operation, not
-per parameter: tracing the step costs little next to the step itself), and
-the commits are one ``torch.where`` per tensor plus one multi-tensor copy. Hyperparameters (lr, betas, weight decay, ...) enter the graph as
-0-dim device tensors rather than as constants, so a new learning rate from a
-scheduler feeds new data to the same compiled graph instead of compiling a
-new one.
+Either way a skipped step leaves parameters, state and step counts
+bit-identical, and hyperparameters are graph inputs rather than constants,
+so a scheduler's new learning rate feeds new data to the same compiled
+graph instead of compiling a new one.
 
 State is kept on the device while training; ``state_dict()`` writes the
 format of the ``torch.optim`` namesake (a step count is a CPU float32
@@ -29,20 +32,57 @@ from typing import Any
 
 import torch
 
+from xla_amp.syncfree import _fused
+
+
+class _Skip:
+    """The ``found_inf`` of one ``step()`` call in the two forms the paths
+    use, each built once per call (``None`` found_inf: never skip)."""
+
+    __slots__ = ("found_inf", "device", "_keep", "_flag")
+
+    def __init__(self, found_inf: torch.Tensor | None, device: torch.device):
+        self.found_inf, self.device = found_inf, device
+        self._keep = self._flag = None
+
+    @property
+    def keep(self) -> torch.Tensor | None:
+        """0-dim device bool, true when the step is skipped (portable path)."""
+        if self.found_inf is not None and self._keep is None:
+            self._keep = self.found_inf != 0
+        return self._keep
+
+    @property
+    def flag(self) -> torch.Tensor:
+        """0-dim float32 device tensor, non-zero to skip (fused path)."""
+        if self._flag is None:
+            self._flag = _fused.flag(self.found_inf, self.device)
+        return self._flag
+
+
 class SyncFreeOptimizer(torch.optim.Optimizer):
     """Base class: device checks, ``found_inf`` validation, masked commits,
     hyperparameter scalars and ``torch.optim``-compatible state dicts.
 
-    Subclasses implement ``_update_group(gi, group, keep, params, grads)``
-    (compute and commit one param group with multi-tensor ``torch._foreach_*``
-    ops) and may override ``_export_state`` / ``_import_state``
+    Subclasses implement ``_update_group(gi, group, skip, params, grads,
+    fused)`` (update one param group: with PyTorch/XLA's fused op when
+    ``fused``, else with multi-tensor ``torch._foreach_*`` ops), name their
+    fused op (``_FUSED_KIND``) and the hyperparameters it takes as numbers
+    (``_FUSED_KEYS``), and may override ``_export_state`` / ``_import_state``
     to translate between the on-device state and ``torch.optim``'s format.
+
+    A group's ``fused`` (a constructor argument, as in ``torch.optim``)
+    picks the path: ``None`` the fused op where it applies (float32
+    parameters, number hyperparameters), ``True`` the fused op or a
+    ``ValueError`` saying why not, ``False`` the portable path.
 
     ``xla_amp.GradScaler`` recognises instances by ``_xla_amp_syncfree`` and
     passes its device-side ``found_inf`` to :meth:`step`.
     """
 
     _xla_amp_syncfree = True
+    _FUSED_KIND = ""
+    _FUSED_KEYS: tuple[str, ...] = ()
 
     def __init__(self, params, defaults: dict[str, Any]):
         self._init_host_state()
@@ -84,7 +124,13 @@ class SyncFreeOptimizer(torch.optim.Optimizer):
         """
         super().add_param_group(param_group)
         try:
-            self._check_devices()
+            device = self._check_devices()
+            group = self.param_groups[-1]
+            if group.get("fused"):
+                odd = next(((pi, p.dtype, p.dtype) for pi, p in enumerate(group["params"])
+                            if p.dtype is not torch.float32), None)
+                self._fused_or_raise(len(self.param_groups) - 1, group, odd)
+            self._checked_device = device
         except ValueError:
             self.param_groups.pop()  # leave the optimizer unchanged
             raise
@@ -129,22 +175,67 @@ class SyncFreeOptimizer(torch.optim.Optimizer):
 
         Returns the closure's loss, or ``None``.
         """
-        device = self._check_devices()
-        keep = self._keep_mask(found_inf, device)
+        device = self._device
+        self._check_found_inf(found_inf, device)
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         # Checked for all groups before any update, so bad input changes nothing.
-        work = self._params_with_grads()
-        for gi, group in enumerate(self.param_groups):
-            if work[gi][0]:
-                self._update_group(gi, group, keep, *work[gi])
+        work = self._collect(device)
+        skip = _Skip(found_inf, device)
+        lineage = self._lineage
+        for gi, group, params, grads, fused in work:
+            self._update_group(gi, group, skip, params, grads, fused)
+            if fused:  # the op advanced their counters: forget the lineages
+                for p in params:  # (unknown history is always safe)
+                    lineage.pop(p, None)
         return loss
 
-    def _keep_mask(self, found_inf, device) -> torch.Tensor | None:
+    @property
+    def _device(self) -> torch.device:
+        """The XLA device of the parameters, checked when they were added."""
+        device = self.__dict__.get("_checked_device")
+        if device is None:  # unpickled: not checked yet
+            device = self._checked_device = self._check_devices()
+        return device
+
+    def _collect(self, device) -> list[tuple]:
+        """``(gi, group, params, grads, fused)`` for every group with
+        gradients, parameters without one left out; one pass, and raises
+        before anything is updated when a parameter or gradient is unusable."""
+        work = []
+        f32 = torch.float32
+        for gi, group in enumerate(self.param_groups):
+            params, grads, odd = [], [], None
+            for pi, p in enumerate(group["params"]):
+                g = p.grad
+                if g is None:
+                    continue
+                if p.device != device or g.device != device or g.shape != p.shape or g.is_sparse:
+                    self._bad_param(gi, pi, p, g, device)
+                if odd is None and (p.dtype is not f32 or g.dtype is not f32):
+                    odd = (pi, p.dtype, g.dtype)
+                params.append(p)
+                grads.append(g)
+            if params:
+                work.append((gi, group, params, grads, self._fused_or_raise(gi, group, odd)))
+        return work
+
+    def _fused_or_raise(self, gi, group, odd) -> bool:
+        """Whether param group ``gi`` takes the fused op this step; ``odd``
+        is (index, dtype, gradient dtype) of a non-float32 parameter."""
+        if group.get("fused") is False:
+            return False
+        why = _fused.unfusable(self._FUSED_KIND, group, self._FUSED_KEYS, odd)
+        if why is not None and group.get("fused"):
+            raise ValueError(f"{type(self).__name__}: param group {gi} has fused=True "
+                             f"but {why}; leave fused=None to fall back")
+        return why is None
+
+    def _check_found_inf(self, found_inf, device) -> None:
         if found_inf is None:
-            return None
+            return
         name = type(self).__name__
         if not isinstance(found_inf, torch.Tensor):
             raise ValueError(
@@ -158,39 +249,29 @@ class SyncFreeOptimizer(torch.optim.Optimizer):
             raise ValueError(
                 f"{name}.step: found_inf is on '{found_inf.device}' but the "
                 f"parameters are on '{device}'; a host-side flag would force a sync")
-        return found_inf != 0
 
-    def _params_with_grads(self) -> list[tuple[list, list]]:
-        """(params, grads) of every group, parameters without a gradient left
-        out; raises before anything is updated when a gradient is unusable."""
-        out = []
-        for gi, group in enumerate(self.param_groups):
-            params, grads = [], []
-            for pi, p in enumerate(group["params"]):
-                g = p.grad
-                if g is None:
-                    continue
-                if g.is_sparse or g.shape != p.shape or g.device != p.device:
-                    self._bad_grad(gi, pi, p, g)
-                params.append(p)
-                grads.append(g)
-            out.append((params, grads))
-        return out
-
-    def _bad_grad(self, gi, pi, p, g):
+    def _bad_param(self, gi, pi, p, g, device):
+        name = type(self).__name__
+        if p.device != device:
+            where = "not on an XLA device" if p.device.type != "xla" else f"not on '{device}'"
+            raise ValueError(
+                f"{name}: parameter {pi} of param group {gi} (shape {tuple(p.shape)}) "
+                f"is on '{p.device}', {where} where the optimizer's parameters were; "
+                "move the model before building the optimizer")
         if g.is_sparse:
             raise ValueError(
-                f"{type(self).__name__}: parameter {pi} of param group {gi} "
+                f"{name}: parameter {pi} of param group {gi} "
                 "has a sparse gradient, which is not supported")
         raise ValueError(
-            f"{type(self).__name__}: gradient of parameter {pi} of param "
+            f"{name}: gradient of parameter {pi} of param "
             f"group {gi} has shape {tuple(g.shape)} on '{g.device}', "
             f"expected {tuple(p.shape)} on '{p.device}'")
 
-    def _update_group(self, gi: int, group: dict[str, Any], keep: torch.Tensor | None,
-                      params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
-        """Compute and commit one param group; ``params`` (non-empty) are
-        those with a gradient, ``grads`` their gradients."""
+    def _update_group(self, gi: int, group: dict[str, Any], skip: _Skip,
+                      params: list[torch.Tensor], grads: list[torch.Tensor],
+                      fused: bool) -> None:
+        """Update one param group; ``params`` (non-empty) are those with a
+        gradient, ``grads`` their gradients."""
         raise NotImplementedError
 
     @staticmethod
@@ -304,6 +385,11 @@ class SyncFreeOptimizer(torch.optim.Optimizer):
         this is the only place the optimizer does so.
         """
         sd = super().state_dict()
+        for group in sd["param_groups"]:  # (copies, not the live groups)
+            # fused is how this optimizer runs, not state; torch.optim cannot
+            # run fused=True on XLA, so the twin must not inherit it
+            if group.get("fused"):
+                group["fused"] = None
         # super() shares the live per-parameter dicts; build new ones.
         items = [(k, dict(v)) for k, v in sd["state"].items()]
         host = self._host_values([v for _, v in items])
@@ -312,8 +398,12 @@ class SyncFreeOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict of this optimizer or of its ``torch.optim`` twin;
-        state tensors move to the parameters' device."""
+        state tensors move to the parameters' device. Each group keeps the
+        ``fused`` choice this optimizer was built with."""
+        fused = [g.get("fused") for g in self.param_groups]
         super().load_state_dict(state_dict)
+        for group, choice in zip(self.param_groups, fused):
+            group["fused"] = choice
         self._lineage.clear()
         self._loaded_lineages: dict[Any, int] = {}  # loaded counter value -> lineage
         for p, st in list(self.state.items()):

@@ -1,7 +1,7 @@
 """Sync-free Adam: ``torch.optim.Adam``'s numerics, skip decided on the device.
 
-Algorithm (per parameter p with gradient g; every ``<-`` is a masked commit,
-a no-op when found_inf != 0; ``t`` is a float32 device tensor)::
+Algorithm (per parameter p with gradient g; every ``<-`` is a commit that
+does nothing when found_inf != 0; ``t`` is a float32 device tensor)::
 
     g  = -g if maximize
     if decoupled_weight_decay:  p' = p * (1 - lr * weight_decay)     (AdamW)
@@ -13,8 +13,11 @@ a no-op when found_inf != 0; ``t`` is a float32 device tensor)::
     denom = sqrt(v) / sqrt(1 - beta2 ** t) + eps
     p  <- p' - lr / (1 - beta1 ** t) * m / denom
 
-Every line is one multi-tensor ``torch._foreach_*`` op over the parameters
-of a param group (the last two as ``p' + (m * c1) / (sqrt(v) + c2)`` with
+Fused path (the default for float32 parameters): PyTorch/XLA's
+``adam_optimizer_step`` op does all of it for one parameter in one IR node
+(see ``syncfree/_fused.py``). Portable path (bf16 parameters, tensor
+hyperparameters, ``fused=False``): every line is one multi-tensor
+``torch._foreach_*`` op over the parameters of a param group (the last two as ``p' + (m * c1) / (sqrt(v) + c2)`` with
 per-parameter scalars ``c1 = -lr / (1 - beta1 ** t) * sqrt(1 - beta2 ** t)``,
 ``c2 = eps * sqrt(1 - beta2 ** t)``); the commits are one ``torch.where``
 per tensor.
@@ -36,10 +39,11 @@ from typing import Any
 
 import torch
 
+from xla_amp.syncfree import _fused
 from xla_amp.syncfree._base import SyncFreeOptimizer
 
 
-def _check_adam_args(name, lr, betas, eps, weight_decay, differentiable, fused):
+def _check_adam_args(name, lr, betas, eps, weight_decay, differentiable, fused, foreach):
     if isinstance(lr, torch.Tensor) and lr.numel() != 1:
         raise ValueError(f"{name}: a tensor lr must have one element")
     if not 0.0 <= lr:
@@ -55,16 +59,20 @@ def _check_adam_args(name, lr, betas, eps, weight_decay, differentiable, fused):
         raise ValueError(f"{name}: invalid weight_decay value: {weight_decay}")
     if differentiable:
         raise ValueError(f"{name}: differentiable=True is not supported by the sync-free {name}")
-    if fused:
-        raise ValueError(f"{name}: fused=True is not supported on XLA")
+    if fused and foreach:
+        raise RuntimeError(f"{name}: `fused` and `foreach` cannot be `True` together.")
 
 
 class Adam(SyncFreeOptimizer):
     """Adam with ``torch.optim.Adam``'s arguments.
 
-    ``foreach`` and ``capturable`` are accepted and ignored (the step count
-    is always on the device); ``differentiable`` and ``fused`` must be left
-    off. ``decoupled_weight_decay=True`` gives AdamW.
+    ``fused``: ``None`` (default) uses PyTorch/XLA's fused per-parameter op
+    for groups it can serve (float32 parameters, number hyperparameters),
+    ``True`` insists on it (``ValueError`` naming the group otherwise),
+    ``False`` takes the portable multi-tensor path. ``foreach`` and
+    ``capturable`` are accepted and ignored (the step count is always on the
+    device); ``differentiable`` must be left off.
+    ``decoupled_weight_decay=True`` gives AdamW.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
@@ -72,10 +80,10 @@ class Adam(SyncFreeOptimizer):
                  capturable=False, differentiable=False, fused=None,
                  decoupled_weight_decay=False):
         _check_adam_args(type(self).__name__, lr, betas, eps, weight_decay,
-                         differentiable, fused)
+                         differentiable, fused, foreach)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         amsgrad=amsgrad, maximize=maximize, foreach=foreach,
-                        capturable=capturable, differentiable=False, fused=None,
+                        capturable=capturable, differentiable=False, fused=fused,
                         decoupled_weight_decay=decoupled_weight_decay)
         super().__init__(params, defaults)
 
@@ -89,7 +97,36 @@ class Adam(SyncFreeOptimizer):
 
     _decoupled_default = False
 
-    def _update_group(self, gi: int, group: dict[str, Any], keep, params, grads) -> None:
+    _FUSED_KIND = "adam"
+    _FUSED_KEYS = ("lr", "betas", "eps", "weight_decay")
+
+    def _update_group(self, gi: int, group: dict[str, Any], skip, params, grads,
+                      fused: bool) -> None:
+        dev = params[0].device
+        amsgrad = group["amsgrad"]
+        states = []
+        for p in params:
+            state = self.state[p]
+            if len(state) == 0:
+                state["step"] = torch.zeros((), dtype=torch.float32, device=dev)
+                self._lineage[p] = 0  # fresh: step 0
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            if amsgrad and "max_exp_avg_sq" not in state:
+                # also when amsgrad is switched on for existing state
+                state["max_exp_avg_sq"] = torch.zeros_like(
+                    p, memory_format=torch.preserve_format)
+            states.append(state)
+        if not fused:
+            self._update_portable(gi, group, skip.keep, params, grads, states)
+            return
+        beta1, beta2 = group["betas"]
+        _fused.adam_(skip.flag, params, grads, states, beta1=beta1, beta2=beta2,
+                     lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"],
+                     amsgrad=amsgrad, maximize=group["maximize"],
+                     decoupled=group["decoupled_weight_decay"])
+
+    def _update_portable(self, gi, group, keep, params, grads, states) -> None:
         dev = params[0].device
         beta1, beta2 = group["betas"]
         wd = group["weight_decay"]
@@ -104,18 +141,6 @@ class Adam(SyncFreeOptimizer):
         # 1 - pow(beta, t) in float32 loses ~5 digits for beta2 = 0.999.
         log_b1 = self._log_scalar((gi, "log(beta1)"), beta1, dev)
         log_b2 = self._log_scalar((gi, "log(beta2)"), beta2, dev)
-        for p in params:
-            state = self.state[p]
-            if len(state) == 0:
-                state["step"] = torch.zeros((), dtype=torch.float32, device=dev)
-                self._lineage[p] = 0  # fresh: step 0
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            if amsgrad and "max_exp_avg_sq" not in state:
-                # also when amsgrad is switched on for existing state
-                state["max_exp_avg_sq"] = torch.zeros_like(
-                    p, memory_format=torch.preserve_format)
-        states = [self.state[p] for p in params]
         steps = [st["step"] for st in states]
         exp_avgs = [st["exp_avg"] for st in states]
         exp_avg_sqs = [st["exp_avg_sq"] for st in states]

@@ -1,7 +1,7 @@
 """Sync-free SGD: ``torch.optim.SGD``'s numerics, skip decided on the device.
 
-Algorithm (per parameter p with gradient g; every ``<-`` is a masked commit,
-a no-op when found_inf != 0)::
+Algorithm (per parameter p with gradient g; every ``<-`` is a commit that
+does nothing when found_inf != 0)::
 
     g = -g if maximize
     g = g + weight_decay * p                       if weight_decay != 0
@@ -19,6 +19,13 @@ step was skipped, so the buffer exists from the first call, zero-filled, and
 a 0-dim device flag ``ready`` tells whether it holds a value yet. The flag
 never leaves the device while training; ``state_dict()`` drops buffers that
 are not ready, matching ``torch.optim.SGD``'s absent buffer.
+
+Fused path (the default for float32 parameters): PyTorch/XLA's
+``sgd_optimizer_step`` op does it all for one parameter in one IR node,
+with ``ready`` as its step count (> 0: ready; it counts the committed
+steps). Portable path (bf16 parameters, tensor hyperparameters,
+``fused=False``): multi-tensor ``torch._foreach_*`` ops and one
+``torch.where`` per written tensor (``syncfree/_base.py``).
 """
 from __future__ import annotations
 
@@ -26,6 +33,7 @@ from typing import Any
 
 import torch
 
+from xla_amp.syncfree import _fused
 from xla_amp.syncfree._base import SyncFreeOptimizer
 
 _READY = "momentum_buffer_ready"  # internal key, never in a state dict
@@ -34,8 +42,11 @@ _READY = "momentum_buffer_ready"  # internal key, never in a state dict
 class SGD(SyncFreeOptimizer):
     """Stochastic gradient descent with ``torch.optim.SGD``'s arguments.
 
-    ``foreach`` is accepted and ignored; ``differentiable`` and ``fused``
-    must be left off.
+    ``fused``: ``None`` (default) uses PyTorch/XLA's fused per-parameter op
+    for groups it can serve (float32 parameters, number hyperparameters),
+    ``True`` insists on it (``ValueError`` naming the group otherwise),
+    ``False`` takes the portable multi-tensor path. ``foreach`` is accepted
+    and ignored; ``differentiable`` must be left off.
     """
 
     def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0,
@@ -53,17 +64,47 @@ class SGD(SyncFreeOptimizer):
             raise ValueError("SGD: Nesterov momentum requires a momentum and zero dampening")
         if differentiable:
             raise ValueError("SGD: differentiable=True is not supported by the sync-free SGD")
-        if fused:
-            raise ValueError("SGD: fused=True is not supported on XLA")
+        if fused and foreach:
+            raise RuntimeError("SGD: `fused` and `foreach` cannot be `True` together.")
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
                         weight_decay=weight_decay, nesterov=nesterov,
                         maximize=maximize, foreach=foreach,
-                        differentiable=False, fused=None)
+                        differentiable=False, fused=fused)
         super().__init__(params, defaults)
 
     _GROUP_DEFAULTS = {**SyncFreeOptimizer._GROUP_DEFAULTS, "nesterov": False}
 
-    def _update_group(self, gi: int, group: dict[str, Any], keep, params, grads) -> None:
+    _FUSED_KIND = "sgd"
+    _FUSED_KEYS = ("lr", "momentum", "dampening", "weight_decay")
+
+    def _update_group(self, gi: int, group: dict[str, Any], skip, params, grads,
+                      fused: bool) -> None:
+        dev = params[0].device
+        momentum = group["momentum"]
+        if momentum != 0:
+            for p in params:
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(
+                        p, memory_format=torch.preserve_format)
+                    state[_READY] = torch.zeros((), dtype=torch.float32, device=dev)
+                    self._lineage[p] = 0  # fresh: not ready
+        if not fused:
+            self._update_portable(gi, group, skip.keep, params, grads)
+            return
+        if momentum != 0:
+            states = [self.state[p] for p in params]
+            steps = [st[_READY] for st in states]
+            bufs = [st["momentum_buffer"] for st in states]
+        else:  # no state: the op still writes a buffer and a count, throwaways
+            steps = [torch.zeros((), dtype=torch.float32, device=dev)] * len(params)
+            bufs = [torch.zeros_like(p) for p in params]
+        _fused.sgd_(skip.flag, steps, params, grads, bufs, momentum=momentum,
+                    dampening=group["dampening"], lr=group["lr"],
+                    weight_decay=group["weight_decay"], nesterov=group["nesterov"],
+                    maximize=group["maximize"])
+
+    def _update_portable(self, gi, group, keep, params, grads) -> None:
         dev = params[0].device
         momentum = group["momentum"]
         wd = group["weight_decay"]
@@ -76,13 +117,6 @@ class SGD(SyncFreeOptimizer):
         if momentum != 0:
             m_t = self._scalar((gi, "momentum"), momentum, dev)
             damp_t = self._scalar((gi, "1-dampening"), 1.0 - group["dampening"], dev)
-            for p in params:
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(
-                        p, memory_format=torch.preserve_format)
-                    state[_READY] = torch.zeros((), dtype=torch.float32, device=dev)
-                    self._lineage[p] = 0  # fresh: not ready
             bufs = [self.state[p]["momentum_buffer"] for p in params]
             flags = [self.state[p][_READY] for p in params]
             ready, per_param, commit_flags = self._counters(params, flags)
