@@ -1,6 +1,6 @@
 """Sync-free AMP training step vs. the stock torch.amp path, on one XLA device.
 
-    PJRT_DEVICE=CPU .venv/bin/python benchmarks/syncfree_step.py [--steps 50]
+    PJRT_DEVICE=CPU .venv/bin/python benchmarks/syncfree_step.py [--batch 128,32,8] [--optimizer adam]
 
 An MNIST-sized CNN (conv-bn-conv-bn-fc-fc) trains under bf16 autocast with
 dynamic loss scaling; every 5th step the input batch is multiplied by inf
@@ -70,20 +70,26 @@ def _xla_amp_autocast(dev):
         return xla_amp.autocast(dev, policy="tpu", dtype=torch.bfloat16)
 
 
+# Four clean steps between injected overflows: the scale doubles, then
+# halves, as in a real run near its limit (the default 2000 would only ever
+# shrink it here).
+SCALER = dict(init_scale=2.0 ** 16, growth_interval=4)
+
+
 def make_path(name, opt_name, params, dev, lr):
     """(optimizer, scaler, autocast factory) for one of the compared paths."""
     kw = {"sgd": dict(lr=lr, momentum=0.9), "adam": dict(lr=lr),
           "adamw": dict(lr=lr, weight_decay=1e-2)}[opt_name]
     cls = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}[opt_name]
     if name == "xla_amp":
-        return (getattr(xla_amp.syncfree, cls)(params, **kw), xla_amp.GradScaler(),
+        return (getattr(xla_amp.syncfree, cls)(params, **kw), xla_amp.GradScaler(**SCALER),
                 lambda: _xla_amp_autocast(dev))
     if name == "torch.amp":
-        return (getattr(torch.optim, cls)(params, **kw), torch.amp.GradScaler("xla"),
+        return (getattr(torch.optim, cls)(params, **kw), torch.amp.GradScaler("xla", **SCALER),
                 lambda: torch.autocast("xla", dtype=torch.bfloat16))
     if name == "torch_xla":
         import torch_xla.amp.syncfree as txs
-        return (getattr(txs, cls)(params, **kw), xla_amp.GradScaler(),
+        return (getattr(txs, cls)(params, **kw), xla_amp.GradScaler(**SCALER),
                 lambda: _xla_amp_autocast(dev))
     if name == "no-scaling":
         return (getattr(xla_amp.syncfree, cls)(params, **kw), None,
@@ -91,7 +97,7 @@ def make_path(name, opt_name, params, dev, lr):
     if name == "xla_amp+optim":
         if opt_name != "sgd":
             kw["capturable"] = True
-        return (getattr(torch.optim, cls)(params, **kw), xla_amp.GradScaler(),
+        return (getattr(torch.optim, cls)(params, **kw), xla_amp.GradScaler(**SCALER),
                 lambda: _xla_amp_autocast(dev))
     raise ValueError(name)
 
@@ -160,7 +166,7 @@ def main():
     ap.add_argument("--steps", type=int, default=200, help="measured steps per path")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--batch", default="128,32",
+    ap.add_argument("--batch", default="128,32,8",
                     help="batch sizes, comma-separated: one table each, all in this run")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--paths", default="xla_amp,torch.amp,torch_xla,xla_amp+optim,no-scaling")
