@@ -4,6 +4,7 @@
 #include <ATen/autocast_mode.h>
 
 #include "cast_category.h"
+#include "optimizer_inputs.h"
 #include "policy_table.h"
 #include "registration.h"
 
@@ -47,6 +48,10 @@ std::shared_ptr<PolicyTable> compile_policy(
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "xla_amp's native AutocastXLA engine";
+
+  m.def("collect_grads", &xla_amp::collect_grads, py::arg("params"), py::arg("device"),
+        "(params with a gradient, gradients, first unusable index or -1, first "
+        "non-float32 index or -1) of a param group's parameter list.");
 
   m.def("categories", [] {
     std::vector<std::string> names;

@@ -293,6 +293,27 @@ def test_bad_found_inf_rejected_and_changes_nothing(bad, match, device):
     assert torch.equal(p.detach().cpu(), torch.ones(3))
 
 
+def _shape_mismatch(p, device):
+    p.grad = torch.ones_like(p)
+    p.data = torch.ones(7, device=device)  # the gradient no longer fits
+
+
+@pytest.mark.parametrize("spoil,match", [
+    (_shape_mismatch, r"gradient of parameter 1 of param group 0 has shape \(3,\)"),
+])
+def test_unusable_parameter_at_step_rejected_and_changes_nothing(spoil, match, sf, device):
+    good = torch.ones(3, device=device, requires_grad=True)
+    other = torch.ones(3, device=device, requires_grad=True)
+    opt = sf.Adam([good, other], lr=0.1)
+    good.grad = torch.ones(3, device=device)
+    spoil(other, device)
+    with pytest.raises(ValueError, match=match):
+        opt.step(found_inf=torch.tensor(0.0).to(device))
+    torch_xla.sync()
+    assert len(opt.state) == 0
+    assert torch.equal(good.detach().cpu(), torch.ones(3))
+
+
 def test_bad_hyperparameters_rejected(device):
     p = [torch.zeros(2, device=device, requires_grad=True)]
     with pytest.raises(ValueError, match="Nesterov"):

@@ -1,0 +1,41 @@
+// The per-step argument pass of the sync-free optimizers, in C++: it runs
+// once per parameter on every step, and in Python it cost about as much as
+// building the fused update itself.
+#include "optimizer_inputs.h"
+
+#include <torch/csrc/autograd/python_variable.h>
+
+namespace xla_amp {
+
+namespace py = pybind11;
+
+py::tuple collect_grads(const py::list& params, const at::Device& device) {
+  py::list with_grad;
+  py::list grads;
+  int64_t bad = -1;
+  int64_t odd = -1;
+  const auto n = static_cast<int64_t>(py::len(params));
+  for (int64_t i = 0; i < n; ++i) {
+    PyObject* obj = PyList_GET_ITEM(params.ptr(), i);
+    if (!THPVariable_Check(obj)) {
+      bad = i;
+      break;
+    }
+    const at::Tensor& p = THPVariable_Unpack(obj);
+    const at::Tensor& g = p.grad();
+    if (!g.defined()) continue;
+    if (p.device() != device || g.device() != device || g.is_sparse() ||
+        g.sizes() != p.sizes()) {
+      bad = i;
+      break;
+    }
+    if (odd < 0 && (p.scalar_type() != at::kFloat || g.scalar_type() != at::kFloat)) {
+      odd = i;
+    }
+    with_grad.append(py::handle(obj));
+    grads.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(g)));
+  }
+  return py::make_tuple(with_grad, grads, bad, odd);
+}
+
+}  // namespace xla_amp
