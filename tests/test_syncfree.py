@@ -245,6 +245,49 @@ def test_lr_schedule_does_not_recompile_or_sync(name, sched, device, sf):
     assert (met.metric_data("ExecuteTime") or [0])[0] == 8
 
 
+@pytest.mark.parametrize("name,kw", [
+    ("SGD", dict(momentum=0.9, weight_decay=0.1)),
+    ("Adam", dict(weight_decay=0.1)),
+    ("AdamW", dict(amsgrad=True)),
+])
+def test_fused_lr_of_exactly_zero_or_one_neither_recompiles_nor_changes_bits(name, kw, device):
+    # PyTorch/XLA inlines the doubles 0.0 and 1.0 as graph constants; the
+    # fused path passes the nearest other doubles. Control: the raw fused
+    # op called with the exact values.
+    lrs = [0.1, 0.2, 0.3, 0.0, 0.4, 1.0, 0.0, 0.5]
+    init = torch.randn(6, generator=torch.Generator().manual_seed(0))
+    grads = [torch.randn(6, generator=torch.Generator().manual_seed(i)) for i in range(len(lrs))]
+    flag = torch.tensor(0.0).to(device)
+
+    p = init.clone().to(device).requires_grad_()
+    opt = getattr(syncfree, name)([p], lr=0.1, fused=True, **kw)
+    compiles = []
+    for lr, g in zip(lrs, grads):
+        _clear_metrics()
+        opt.param_groups[0]["lr"] = lr
+        p.grad = g.to(device)
+        opt.step(found_inf=flag)
+        torch_xla.sync()
+        xm.wait_device_ops()
+        compiles.append((met.metric_data("CompileTime") or [0])[0])
+    assert compiles[2:] == [0] * (len(lrs) - 2)
+
+    q = init.clone().to(device)
+    state = [torch.zeros((), device=device)] + [torch.zeros(6, device=device) for _ in range(3)]
+    xlac = torch_xla._XLAC
+    for lr, g in zip(lrs, grads):
+        if name == "SGD":
+            xlac._xla_sgd_optimizer_step_(flag, state[0], q, state[1], g.to(device),
+                                          0.1, 0.9, lr, 0.0, False, False)
+        else:
+            xlac._xla_adam_optimizer_step_(
+                flag, state[0], q, g.to(device), state[1], state[2], state[3],
+                0.9, 0.999, lr, kw.get("weight_decay", 1e-2), 1e-8, kw.get("amsgrad", False),
+                False, name == "AdamW")
+        torch_xla.sync()
+    assert torch.equal(p.detach().cpu().view(torch.int32), q.cpu().view(torch.int32))
+
+
 def test_closure_is_evaluated(device):
     p = torch.tensor([1.0, 2.0], device=device, requires_grad=True)
     opt = syncfree.SGD([p], lr=0.5)

@@ -16,7 +16,9 @@ them honest)::
         else:  torch.optim's update of param and state;  step <- step + 1
     SGD: a buffer whose step is 0 is (re)initialised to the gradient, as
          torch.optim.SGD creates it on its first step; the op writes a
-         buffer of the parameter's shape even with momentum 0.
+         buffer of the parameter's shape even with momentum 0; with maximize
+         it negates after adding weight decay (torch.optim: before), so
+         sgd_() negates the gradients itself then.
     Adam: bias corrections from the device-side step; max_exp_avg_sq is an
          empty tensor unless amsgrad.
 
@@ -24,12 +26,16 @@ Limits, each sending a param group to the portable path instead: parameters
 and gradients must be float32 (the op compares a float32 found_inf with
 constants of the parameter's type, which XLA rejects for bf16), and every
 hyperparameter a Python number (the op takes doubles, not tensors).
-Non-special doubles become graph inputs, so a scheduler's new lr does not
-recompile; exactly 0.0 and 1.0 are inlined as constants by PyTorch/XLA,
-so an lr that reaches one of them compiles one more graph, once.
+Doubles become graph inputs, so a scheduler's new lr does not recompile --
+except that PyTorch/XLA inlines exactly 0.0 and 1.0 as constants (its
+"special scalars"), and a schedule reaching one (CosineAnnealingLR ends at
+0.0) would compile another graph. The lr is therefore passed as the nearest
+non-special double (5e-324, 1 + 2**-52): both round to the same float32 on
+the device, and the updates are bit-identical (tests/test_syncfree.py).
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -40,6 +46,15 @@ _ADAM = getattr(_XLAC, "_xla_adam_optimizer_step_", None)
 _SGD = getattr(_XLAC, "_xla_sgd_optimizer_step_", None)
 
 _empty: dict[torch.device, torch.Tensor] = {}
+
+# lr values PyTorch/XLA would inline as constants -> the nearest doubles it
+# does not (same float32; -0.0 == 0.0 maps too)
+_NOT_SPECIAL = {0.0: 5e-324, 1.0: math.nextafter(1.0, 2.0)}
+
+
+def _lr(value) -> float:
+    value = float(value)
+    return _NOT_SPECIAL.get(value, value)
 
 
 def empty(device: torch.device) -> torch.Tensor:
@@ -88,7 +103,7 @@ def adam_(found_inf, params, grads, states, *, beta1: float, beta2: float, lr: f
     ``states`` are torch.optim.Adam's per-parameter dicts (``step``,
     ``exp_avg``, ``exp_avg_sq``, ``max_exp_avg_sq`` if amsgrad)."""
     beta1, beta2, lr, weight_decay, eps = (
-        float(beta1), float(beta2), float(lr), float(weight_decay), float(eps))
+        float(beta1), float(beta2), _lr(lr), float(weight_decay), float(eps))
     unused = None if amsgrad else empty(params[0].device)
     for p, g, st in zip(params, grads, states):
         _ADAM(found_inf, st["step"], p, g, st["exp_avg"], st["exp_avg_sq"],
@@ -100,7 +115,7 @@ def sgd_(found_inf, steps, params, grads, bufs, *, momentum: float, dampening: f
          lr: float, weight_decay: float, nesterov: bool, maximize: bool) -> None:
     """One fused SGD update per parameter, in place."""
     momentum, dampening, lr, weight_decay = (
-        float(momentum), float(dampening), float(lr), float(weight_decay))
+        float(momentum), float(dampening), _lr(lr), float(weight_decay))
     if maximize and weight_decay != 0:
         # The op negates after adding weight decay, -(g + wd * p);
         # torch.optim.SGD adds it to the negated gradient, -g + wd * p.
