@@ -128,7 +128,7 @@ class SyncFreeOptimizer(torch.optim.Optimizer):
             device = self._check_devices()
             group = self.param_groups[-1]
             if group.get("fused"):
-                odd = next(((pi, p.dtype, p.dtype) for pi, p in enumerate(group["params"])
+                odd = next(((pi, p.dtype, None) for pi, p in enumerate(group["params"])
                             if p.dtype is not torch.float32), None)
                 self._fused_or_raise(len(self.param_groups) - 1, group, odd)
             self._checked_device = device

@@ -70,7 +70,8 @@ def empty(device: torch.device) -> torch.Tensor:
 def unfusable(kind: str, group: dict[str, Any], keys: tuple[str, ...],
               odd: tuple | None) -> str | None:
     """Why this param group cannot take the fused op (``None`` if it can);
-    ``odd`` is (index, dtype, gradient dtype) of a non-float32 parameter."""
+    ``odd`` is (index, dtype, gradient dtype or None) of a parameter that is
+    not float32 or has a gradient that is not."""
     if (_ADAM if kind == "adam" else _SGD) is None:
         return f"this torch_xla has no fused {kind} op"
     for key in keys:
@@ -80,8 +81,8 @@ def unfusable(kind: str, group: dict[str, Any], keys: tuple[str, ...],
                 return f"'{key}' is a tensor (the fused op takes Python numbers)"
     if odd is not None:
         pi, dtype, grad_dtype = odd
-        return (f"parameter {pi} is {dtype} with a {grad_dtype} gradient "
-                "(the fused op needs float32)")
+        grad = "" if grad_dtype is None else f" with a {grad_dtype} gradient"
+        return f"parameter {pi} is {dtype}{grad} (the fused op needs float32)"
     return None
 
 
