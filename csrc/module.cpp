@@ -50,8 +50,9 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "xla_amp's native AutocastXLA engine";
 
   m.def("collect_grads", &xla_amp::collect_grads, py::arg("params"), py::arg("device"),
-        "(params with a gradient, gradients, first unusable index or -1, first "
-        "non-float32 index or -1) of a param group's parameter list.");
+        "(float32 params with a gradient, their gradients, other params with a "
+        "gradient, their gradients, first unusable index or -1, first other "
+        "index or -1) of a param group's parameter list.");
 
   m.def("categories", [] {
     std::vector<std::string> names;

@@ -10,10 +10,9 @@ namespace xla_amp {
 namespace py = pybind11;
 
 py::tuple collect_grads(const py::list& params, const at::Device& device) {
-  py::list with_grad;
-  py::list grads;
+  py::list fp32_params, fp32_grads, other_params, other_grads;
   int64_t bad = -1;
-  int64_t odd = -1;
+  int64_t first_other = -1;
   const auto n = static_cast<int64_t>(py::len(params));
   for (int64_t i = 0; i < n; ++i) {
     PyObject* obj = PyList_GET_ITEM(params.ptr(), i);
@@ -29,13 +28,18 @@ py::tuple collect_grads(const py::list& params, const at::Device& device) {
       bad = i;
       break;
     }
-    if (odd < 0 && (p.scalar_type() != at::kFloat || g.scalar_type() != at::kFloat)) {
-      odd = i;
+    auto grad = py::reinterpret_steal<py::object>(THPVariable_Wrap(g));
+    if (p.scalar_type() == at::kFloat && g.scalar_type() == at::kFloat) {
+      fp32_params.append(py::handle(obj));
+      fp32_grads.append(grad);
+    } else {
+      if (first_other < 0) first_other = i;
+      other_params.append(py::handle(obj));
+      other_grads.append(grad);
     }
-    with_grad.append(py::handle(obj));
-    grads.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(g)));
   }
-  return py::make_tuple(with_grad, grads, bad, odd);
+  return py::make_tuple(fp32_params, fp32_grads, other_params, other_grads, bad,
+                        first_other);
 }
 
 }  // namespace xla_amp

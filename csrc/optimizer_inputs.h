@@ -5,12 +5,13 @@
 
 namespace xla_amp {
 
-// For one param group's parameter list: (parameters with a gradient, their
-// gradients, index of the first unusable entry or -1, index of the first
-// parameter with a gradient that is not float32 (or whose gradient is not)
-// or -1). Unusable: not a tensor, parameter or gradient off `device`,
-// sparse gradient, gradient shape != parameter shape; collection stops
-// there, and the caller raises naming that parameter.
+// For one param group's parameter list, the parameters with a gradient
+// split by dtype: (float32 parameters, their gradients, other parameters,
+// their gradients, index of the first unusable entry or -1, index of the
+// first "other" parameter or -1). A parameter is float32 when it and its
+// gradient both are. Unusable: not a tensor, parameter or gradient off
+// `device`, sparse gradient, gradient shape != parameter shape; collection
+// stops there, and the caller raises naming that parameter.
 pybind11::tuple collect_grads(const pybind11::list& params, const at::Device& device);
 
 }  // namespace xla_amp

@@ -423,6 +423,39 @@ def test_default_path_is_one_fused_node_per_parameter(name, kw, op, device):
         torch_xla.sync()
 
 
+@pytest.mark.parametrize("name", ["SGD", "Adam"])
+def test_mixed_dtype_group_splits_float32_onto_the_fused_op(name, device):
+    # One group of float32 and bf16 parameters: the float32 ones take the
+    # fused op, the bf16 one the portable path; each bit-equal to a run of
+    # its dtype alone on that path.
+    init = [torch.randn(s, generator=torch.Generator().manual_seed(i))
+            for i, s in enumerate([(3, 2), (4,), (5,)])]
+    dtypes = [torch.float32, torch.bfloat16, torch.float32]
+    kw = dict(lr=0.1, momentum=0.9) if name == "SGD" else dict(lr=0.1)
+    cls = getattr(syncfree, name)
+    flag = torch.tensor(0.0).to(device)
+
+    def train(idx, **extra):
+        ps = [init[i].to(device).to(dtypes[i]).requires_grad_() for i in idx]
+        opt = cls(ps, **kw, **extra)
+        for step in range(3):
+            for p in ps:
+                p.grad = torch.full_like(p, 0.25 * (step + 1))
+            opt.step(found_inf=flag)
+            if step == 2:
+                ir = [_ir([p]) for p in ps]
+            torch_xla.sync()
+        return [p.detach().cpu() for p in ps], ir
+
+    op = "xla::sgd_optimizer_step(" if name == "SGD" else "xla::adam_optimizer_step("
+    mixed, ir = train([0, 1, 2])
+    assert op in ir[0] and op in ir[2] and op not in ir[1] and "aten::where" in ir[1]
+    fp32_alone, _ = train([0, 2], fused=True)
+    bf16_alone, _ = train([1], fused=False)
+    for a, b in zip([mixed[0], mixed[2], mixed[1]], fp32_alone + bf16_alone):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
 @pytest.mark.parametrize("flag", [
     torch.tensor(True), torch.tensor(2), torch.tensor(1e-300, dtype=torch.float64),
     torch.tensor(float("nan")), torch.tensor(-1.0)])

@@ -73,9 +73,10 @@ class SyncFreeOptimizer(torch.optim.Optimizer):
     to translate between the on-device state and ``torch.optim``'s format.
 
     A group's ``fused`` (a constructor argument, as in ``torch.optim``)
-    picks the path: ``None`` the fused op where it applies (float32
-    parameters, number hyperparameters), ``True`` the fused op or a
-    ``ValueError`` saying why not, ``False`` the portable path.
+    picks the path: ``None`` the fused op where it applies (its float32
+    parameters, if its hyperparameters are numbers; the rest portable),
+    ``True`` the fused op for all or a ``ValueError`` saying why not,
+    ``False`` the portable path.
 
     ``xla_amp.GradScaler`` recognises instances by ``_xla_amp_syncfree`` and
     passes its device-side ``found_inf`` to :meth:`step`.
@@ -202,35 +203,46 @@ class SyncFreeOptimizer(torch.optim.Optimizer):
         return device
 
     def _collect(self, device) -> list[tuple]:
-        """``(gi, group, params, grads, fused)`` for every group with
-        gradients, parameters without one left out; raises before anything
-        is updated when a parameter or gradient is unusable. (The pass over
-        the parameters runs in C++, ``xla_amp._C.collect_grads``: in Python
-        it cost about as much as building the fused update.)"""
+        """``(gi, group, params, grads, fused)`` work items: per group with
+        gradients, its float32 parameters on the fused path (unless the
+        group says otherwise) and the others on the portable one;
+        parameters without a gradient left out. Raises before anything is
+        updated when a parameter or gradient is unusable. (The pass over the
+        parameters runs in C++, ``xla_amp._C.collect_grads``: in Python it
+        cost about as much as building the fused update.)"""
         work = []
         for gi, group in enumerate(self.param_groups):
             plist = group["params"]
-            params, grads, bad, odd = _C.collect_grads(
+            params, grads, other_params, other_grads, bad, first_other = _C.collect_grads(
                 plist if type(plist) is list else list(plist), device)
             if bad >= 0:
                 p = plist[bad]
                 self._bad_param(gi, bad, p, getattr(p, "grad", None), device)
+            odd = None
+            if first_other >= 0:
+                p = plist[first_other]
+                odd = (first_other, p.dtype, p.grad.dtype)
+            fused = bool(params) and self._fused_or_raise(gi, group, odd)
+            if not fused:  # one portable update for the whole group
+                params, grads = params + other_params, grads + other_grads
+                other_params = ()
             if params:
-                if odd >= 0:
-                    p = plist[odd]
-                    odd = (odd, p.dtype, p.grad.dtype)
-                else:
-                    odd = None
-                work.append((gi, group, params, grads, self._fused_or_raise(gi, group, odd)))
+                work.append((gi, group, params, grads, fused))
+            if other_params:
+                work.append((gi, group, other_params, other_grads, False))
         return work
 
     def _fused_or_raise(self, gi, group, odd) -> bool:
-        """Whether param group ``gi`` takes the fused op this step; ``odd``
-        is (index, dtype, gradient dtype) of a non-float32 parameter."""
-        if group.get("fused") is False:
+        """Whether the float32 parameters of param group ``gi`` take the
+        fused op this step. ``odd`` is (index, dtype, gradient dtype or
+        None) of a parameter that cannot: it takes the portable path, or,
+        when the group says ``fused=True``, it is refused."""
+        mode = group.get("fused")
+        if mode is False:
             return False
-        why = _fused.unfusable(self._FUSED_KIND, group, self._FUSED_KEYS, odd)
-        if why is not None and group.get("fused"):
+        why = _fused.unfusable(self._FUSED_KIND, group, self._FUSED_KEYS,
+                               odd if mode else None)
+        if why is not None and mode:
             raise ValueError(f"{type(self).__name__}: param group {gi} has fused=True "
                              f"but {why}; leave fused=None to fall back")
         return why is None

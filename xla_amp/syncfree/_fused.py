@@ -22,10 +22,11 @@ them honest)::
     Adam: bias corrections from the device-side step; max_exp_avg_sq is an
          empty tensor unless amsgrad.
 
-Limits, each sending a param group to the portable path instead: parameters
-and gradients must be float32 (the op compares a float32 found_inf with
-constants of the parameter's type, which XLA rejects for bf16), and every
-hyperparameter a Python number (the op takes doubles, not tensors).
+Limits: parameters and gradients must be float32 (the op compares a float32
+found_inf with constants of the parameter's type, which XLA rejects for
+bf16), so other parameters take the portable path, also within a group that
+otherwise runs fused; and every hyperparameter must be a Python number (the
+op takes doubles, not tensors), or the whole group takes the portable path.
 Doubles become graph inputs, so a scheduler's new lr does not recompile --
 except that PyTorch/XLA inlines exactly 0.0 and 1.0 as constants (its
 "special scalars"), and a schedule reaching one (CosineAnnealingLR ends at

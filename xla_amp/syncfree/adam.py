@@ -67,7 +67,8 @@ class Adam(SyncFreeOptimizer):
     """Adam with ``torch.optim.Adam``'s arguments.
 
     ``fused``: ``None`` (default) uses PyTorch/XLA's fused per-parameter op
-    for groups it can serve (float32 parameters, number hyperparameters),
+    where it applies (float32 parameters of groups whose hyperparameters
+    are numbers),
     ``True`` insists on it (``ValueError`` naming the group otherwise),
     ``False`` takes the portable multi-tensor path. ``foreach`` and
     ``capturable`` are accepted and ignored (the step count is always on the

@@ -43,7 +43,8 @@ class SGD(SyncFreeOptimizer):
     """Stochastic gradient descent with ``torch.optim.SGD``'s arguments.
 
     ``fused``: ``None`` (default) uses PyTorch/XLA's fused per-parameter op
-    for groups it can serve (float32 parameters, number hyperparameters),
+    where it applies (float32 parameters of groups whose hyperparameters
+    are numbers),
     ``True`` insists on it (``ValueError`` naming the group otherwise),
     ``False`` takes the portable multi-tensor path. ``foreach`` is accepted
     and ignored; ``differentiable`` must be left off.
