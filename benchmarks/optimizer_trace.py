@@ -1,6 +1,6 @@
 """Trace cost of one sync-free optimizer step (no execution counted).
 
-    PJRT_DEVICE=CPU .venv/bin/python benchmarks/optimizer_trace.py [--iters 100] [--rounds 5]
+    PJRT_DEVICE=CPU .venv/bin/python benchmarks/optimizer_trace.py [--iters 400]
 
 For SGD (momentum 0.9), Adam and AdamW over two parameter lists -- the
 MNIST-sized CNN of benchmarks/syncfree_step.py (12 tensors) and ResNet-18
@@ -13,10 +13,12 @@ do not count):
           and launch (the graph is cached after the first steps)
 
 for each optimizer module given in --modules (default: ours and PyTorch/XLA's
-torch_xla.amp.syncfree, whose per-parameter fused ops are the reference).
-Variants alternate over rounds; each cell is the median µs per step.
-Extra modules (e.g. an older copy of xla_amp.syncfree on PYTHONPATH) can be
-compared with --modules xla_amp.syncfree,my_copy.
+torch_xla.amp.syncfree). The variants alternate step by step, in turn first
+(whatever runs right after the other's graph launch competes with that
+graph's execution on a 2-core machine, and the machine drifts over blocks of
+steps); each cell is the median µs per step. Extra modules (e.g. an older
+copy of xla_amp.syncfree on PYTHONPATH) can be compared with
+--modules xla_amp.syncfree,my_copy.
 """
 from __future__ import annotations
 
@@ -78,21 +80,15 @@ class Variant:
         self.i += 1
         return t1 - t0, t2 - t1
 
-    def measure(self, n):
-        xm.wait_device_ops()
-        st = sy = 0.0
-        for _ in range(n):
-            a, b = self.one()
-            st += a
-            sy += b
-        self.step_us.append(st / n * 1e6)
-        self.sync_us.append(sy / n * 1e6)
+    def record(self):
+        a, b = self.one()
+        self.step_us.append(a * 1e6)
+        self.sync_us.append(b * 1e6)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--iters", type=int, default=100, help="measured steps per cell")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=400, help="measured steps per cell")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--models", default="cnn,resnet18")
     ap.add_argument("--optimizers", default="sgd,adam,adamw")
@@ -101,7 +97,7 @@ def main():
     dev = torch_xla.device()
     modules = args.modules.split(",")
     print(f"trace cost per optimizer step, µs of tracing-thread CPU time "
-          f"(median of {args.rounds} rounds x {args.iters // args.rounds} steps)\n")
+          f"(median of {args.iters} steps, variants alternating step by step)\n")
     print("| model (tensors) | optimizer | " + " | ".join(
         f"{m} step | {m} sync" for m in modules) + " |")
     print("|---|---|" + "---|---|" * len(modules))
@@ -111,10 +107,10 @@ def main():
             for v in vs:
                 for _ in range(args.warmup):
                     v.one()
-            per = max(1, args.iters // args.rounds)
-            for _ in range(args.rounds):
-                for v in vs:
-                    v.measure(per)
+            xm.wait_device_ops()
+            for i in range(args.iters):
+                for v in (vs if i % 2 == 0 else vs[::-1]):
+                    v.record()
             cells = " | ".join(f"{statistics.median(v.step_us):.0f} | "
                                f"{statistics.median(v.sync_us):.0f}" for v in vs)
             print(f"| {model} ({vs[0].nparams}) | {opt} | {cells} |", flush=True)

@@ -6,6 +6,7 @@ import types
 
 import pytest
 import torch
+import torch.optim.optimizer as torch_optimizer
 import torch_xla
 import torch_xla.core.xla_model as xm
 import torch_xla.debug.metrics as met
@@ -286,6 +287,31 @@ def test_fused_lr_of_exactly_zero_or_one_neither_recompiles_nor_changes_bits(nam
                 False, name == "AdamW")
         torch_xla.sync()
     assert torch.equal(p.detach().cpu().view(torch.int32), q.cpu().view(torch.int32))
+
+
+def test_step_hooks_and_profiler_range_still_work(device):
+    p = torch.ones(2, device=device, requires_grad=True)
+    opt = syncfree.SGD([p], lr=0.5, momentum=0.9)
+    seen = []
+    handles = [
+        opt.register_step_pre_hook(lambda o, a, k: seen.append("pre")),
+        opt.register_step_post_hook(lambda o, a, k: seen.append("post")),
+        torch_optimizer.register_optimizer_step_pre_hook(
+            lambda o, a, k: seen.append("global-pre")),
+    ]
+    p.grad = torch.ones(2, device=device)
+    opt.step()
+    assert seen == ["global-pre", "pre", "post"]
+    for h in handles:
+        h.remove()
+    seen.clear()
+    opt.step()
+    assert seen == []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        opt.step()
+    assert "Optimizer.step#SGD.step" in {e.name for e in prof.events()}
+    torch_xla.sync()
+    assert torch.allclose(p.detach().cpu(), torch.tensor([1.0 - 0.5 * (1 + 1.9 + 2.71)] * 2))
 
 
 def test_closure_is_evaluated(device):

@@ -27,10 +27,12 @@ sync-free optimizer and its ``torch.optim`` twin.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Any
 
 import torch
+import torch.optim.optimizer as _torch_optimizer
 
 from xla_amp import _C
 from xla_amp.syncfree import _fused
@@ -161,6 +163,28 @@ class SyncFreeOptimizer(torch.optim.Optimizer):
         return device
 
     # -- step ---------------------------------------------------------------
+
+    @staticmethod
+    def profile_hook_step(func):
+        """``torch.optim.Optimizer``'s wrapper of ``step`` (step pre/post
+        hooks, a profiler range), taken only when there is something for it
+        to do: entering the profiler range costs about 9 µs per step with no
+        profiler running, a third of this optimizer's own Python time."""
+        hooked = torch.optim.Optimizer.profile_hook_step(func)
+        profiling = torch._C._autograd._profiler_enabled
+        global_pre = getattr(_torch_optimizer, "_global_optimizer_pre_hooks", None)
+        global_post = getattr(_torch_optimizer, "_global_optimizer_post_hooks", None)
+        if global_pre is None or global_post is None:  # another torch: always
+            return hooked
+
+        @functools.wraps(func)
+        def wrapper(self, *args, **kwargs):
+            if (global_pre or global_post or self._optimizer_step_pre_hooks
+                    or self._optimizer_step_post_hooks or profiling()):
+                return hooked(self, *args, **kwargs)
+            return func(self, *args, **kwargs)
+
+        return wrapper
 
     @torch.no_grad()
     def step(self, closure=None, found_inf: torch.Tensor | None = None):
