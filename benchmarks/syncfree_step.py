@@ -165,7 +165,7 @@ def main():
     ap.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="adam")
     ap.add_argument("--steps", type=int, default=200, help="measured steps per path")
     ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--batch", default="128,32,8",
                     help="batch sizes, comma-separated: one table each, all in this run")
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -190,8 +190,10 @@ def run_batch(args, dev, batch):
     # Rounds interleave the paths so that load from other processes hits them
     # alike; ms/step is the median over rounds.
     per_round = max(1, args.steps // args.rounds)
-    for _ in range(args.rounds):
-        for p in paths:
+    for r in range(args.rounds):
+        # each round starts with another path: none always follows the
+        # stock path's heavier graphs, or always leads
+        for p in paths[r % len(paths):] + paths[:r % len(paths)]:
             p.measure(per_round)
     rows = [p.row(per_round * args.rounds) for p in paths]
     stock = next((r["ms"] for r in rows if r["path"] == "torch.amp"), None)
