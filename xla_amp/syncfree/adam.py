@@ -17,8 +17,9 @@ Fused path (the default for float32 parameters): PyTorch/XLA's
 ``adam_optimizer_step`` op does all of it for one parameter in one IR node
 (see ``syncfree/_fused.py``). Portable path (bf16 parameters, tensor
 hyperparameters, ``fused=False``): every line is one multi-tensor
-``torch._foreach_*`` op over the parameters of a param group (the last two as ``p' + (m * c1) / (sqrt(v) + c2)`` with
-per-parameter scalars ``c1 = -lr / (1 - beta1 ** t) * sqrt(1 - beta2 ** t)``,
+``torch._foreach_*`` op over the parameters of a param group (the last two
+as ``p' + (m * c1) / (sqrt(v) + c2)`` with per-parameter scalars
+``c1 = -lr / (1 - beta1 ** t) * sqrt(1 - beta2 ** t)``,
 ``c2 = eps * sqrt(1 - beta2 ** t)``); the commits are one ``torch.where``
 per tensor.
 
@@ -68,9 +69,8 @@ class Adam(SyncFreeOptimizer):
 
     ``fused``: ``None`` (default) uses PyTorch/XLA's fused per-parameter op
     where it applies (float32 parameters of groups whose hyperparameters
-    are numbers),
-    ``True`` insists on it (``ValueError`` naming the group otherwise),
-    ``False`` takes the portable multi-tensor path. ``foreach`` and
+    are numbers), ``True`` insists on it (``ValueError`` naming the group
+    otherwise), ``False`` takes the portable multi-tensor path. ``foreach`` and
     ``capturable`` are accepted and ignored (the step count is always on the
     device); ``differentiable`` must be left off.
     ``decoupled_weight_decay=True`` gives AdamW.

@@ -44,9 +44,8 @@ class SGD(SyncFreeOptimizer):
 
     ``fused``: ``None`` (default) uses PyTorch/XLA's fused per-parameter op
     where it applies (float32 parameters of groups whose hyperparameters
-    are numbers),
-    ``True`` insists on it (``ValueError`` naming the group otherwise),
-    ``False`` takes the portable multi-tensor path. ``foreach`` is accepted
+    are numbers), ``True`` insists on it (``ValueError`` naming the group
+    otherwise), ``False`` takes the portable multi-tensor path. ``foreach`` is accepted
     and ignored; ``differentiable`` must be left off.
     """
 
