@@ -78,7 +78,67 @@ at::ScalarType widest_type(const torch::jit::Stack& stack, size_t first,
   return widest;
 }
 
+// The floating XLA tensors among the arguments (Tensor and Tensor? only:
+// the ops with adaptations take no tensor lists), with argument indices.
+std::vector<std::pair<size_t, at::ScalarType>> floating_inputs(
+    const torch::jit::Stack& stack, size_t first, size_t count) {
+  std::vector<std::pair<size_t, at::ScalarType>> found;
+  for (size_t i = 0; i < count; ++i) {
+    if (eligible(stack[first + i])) {
+      found.emplace_back(i, stack[first + i].toTensor().scalar_type());
+    }
+  }
+  return found;
+}
+
 }  // namespace
+
+bool AutocastKernel::adapt_mixed(const c10::OperatorHandle& op,
+                                 CastCategory category,
+                                 torch::jit::Stack* stack) {
+  const auto& args = op.schema().arguments();
+  const size_t first = stack->size() - args.size();
+  const auto inputs = floating_inputs(*stack, first, args.size());
+  bool mixed = false;
+  for (const auto& in : inputs) mixed |= in.second != inputs.front().second;
+  if (!mixed) return false;
+
+  if (category == CastCategory::kPromoteMixed) {
+    cast_all(at::kFloat, stack, first, args.size());
+    op.callBoxed(stack);
+    return true;
+  }
+  // kFp32Compute: the one mix cuDNN's mixed batch norm accepts, a float16 or
+  // bfloat16 input (the first tensor argument) with float32 parameters and
+  // buffers. Anything else CUDA refuses too; here it would fail at XLA
+  // compile time with no name attached, so refuse it now.
+  const auto input = inputs.front();
+  bool accepted = input.first == 0 && input.second != at::kFloat;
+  for (size_t k = 1; k < inputs.size(); ++k) {
+    accepted &= inputs[k].second == at::kFloat;
+  }
+  if (!accepted) {
+    std::string got;
+    for (const auto& in : inputs) {
+      got += (got.empty() ? "" : ", ") + args[in.first].name() + " " +
+             std::string(c10::toString(in.second));
+    }
+    TORCH_CHECK(false, "xla_amp: ", op.schema().operator_name(),
+                " got floating inputs of mixed precision (", got,
+                "). XLA cannot compile this mix and CUDA refuses it too; "
+                "the mix autocast can run is a float16/bfloat16 input with "
+                "float32 parameters and buffers (keep the module in float32, "
+                "e.g. xla_amp.cast_module(..., keep=(nn.BatchNorm2d,)))");
+  }
+  (*stack)[first] = (*stack)[first].toTensor().to(at::kFloat);
+  op.callBoxed(stack);
+  const size_t nret = op.schema().returns().size();
+  c10::IValue& out = (*stack)[stack->size() - nret];
+  if (out.isTensor() && out.toTensor().scalar_type() == at::kFloat) {
+    out = out.toTensor().to(input.second);
+  }
+  return true;
+}
 
 const AutocastKernel::SchemaInfo& AutocastKernel::schema_info(
     const c10::OperatorHandle& op) {
@@ -104,6 +164,16 @@ void AutocastKernel::operator()(const c10::OperatorHandle& op,
   const CastCategory category =
       policy ? policy->category(slot_) : CastCategory::kNone;
   const SchemaInfo& info = schema_info(op);
+  if (category == CastCategory::kFp32Compute ||
+      category == CastCategory::kPromoteMixed) {
+    if (!info.mutates) {
+      c10::impl::ExcludeDispatchKeyGuard no_autocast(
+          c10::DispatchKey::AutocastXLA);
+      if (adapt_mixed(op, category, stack)) return;
+    }
+    op.redispatchBoxed(ks & kBelowAutocast, stack);
+    return;
+  }
   if (category == CastCategory::kNone && !info.mutates) {
     // Not autocast under this policy: behave as if no kernel were here, so
     // the ops a composite calls inside still meet autocast.

@@ -6,6 +6,8 @@
 
 #include <atomic>
 
+#include "cast_category.h"
+
 namespace xla_amp {
 
 // Redispatch target for an op the active policy leaves alone: everything
@@ -26,6 +28,12 @@ inline const c10::DispatchKeySet kBelowAutocast(c10::DispatchKeySet::FULL_AFTER,
 //   fp32_append_dtype:  first input eligible -> call the dtype overload with float32
 //   promote:            floating XLA inputs -> widest of (autocast dtype, inputs)
 //   banned:             raise the policy's explanation
+//   fp32_compute:       floating inputs of one dtype -> as none; a lower-
+//                       precision input with float32 parameters -> input to
+//                       float32, run, first output back to the input's dtype;
+//                       any other mix -> raise, naming the arguments
+//   promote_mixed:      floating inputs of one dtype -> as none; else all
+//                       floating inputs -> float32 (eager's type promotion)
 //   run the op below autocast
 class AutocastKernel final : public c10::OperatorKernel {
  public:
@@ -40,6 +48,10 @@ class AutocastKernel final : public c10::OperatorKernel {
     int dtype_arg = -1;    // index of an argument named "dtype", or -1
   };
   const SchemaInfo& schema_info(const c10::OperatorHandle& op);
+  // fp32_compute / promote_mixed; returns false if the inputs share one
+  // dtype (nothing to adapt: the caller runs the op as for `none`).
+  bool adapt_mixed(const c10::OperatorHandle& op, CastCategory category,
+                   torch::jit::Stack* stack);
 
   const int slot_;
   std::atomic<bool> info_ready_{false};

@@ -18,11 +18,17 @@ enum class CastCategory : uint8_t {
   kFp32AppendDtype,    // redispatch to the overload that takes a dtype, float32
   kPromote,            // cast floating inputs to the widest floating input type
   kBanned,             // raise, with the policy's explanation
+  // XLA adaptations (xla_amp/policies/_xla_adaptations.toml): for ops the
+  // policy leaves uncast whose PyTorch/XLA lowering cannot take floating
+  // inputs of mixed precision. Inputs of one dtype run untouched.
+  kFp32Compute,        // mixed: compute in float32, first output in the input's dtype
+  kPromoteMixed,       // mixed: cast floating inputs to float32 (eager's promotion)
 };
 
-inline constexpr std::array<std::string_view, 7> kCategoryNames = {
-    "none",       "lower_precision_fp", "fp32",   "fp32_set_opt_dtype",
-    "fp32_append_dtype", "promote",     "banned",
+inline constexpr std::array<std::string_view, 9> kCategoryNames = {
+    "none",          "lower_precision_fp", "fp32",   "fp32_set_opt_dtype",
+    "fp32_append_dtype", "promote",        "banned", "fp32_compute",
+    "promote_mixed",
 };
 
 }  // namespace xla_amp

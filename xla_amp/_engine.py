@@ -17,12 +17,13 @@ import weakref
 import torch
 
 from xla_amp import _C, ops
-from xla_amp.policy import CATEGORIES, Policy
+from xla_amp.policy import ADAPTATIONS, CATEGORIES, Policy
 
 log = logging.getLogger("xla_amp")
 
 _CATEGORY_CODE = {name: code for code, name in enumerate(_C.categories())}
-assert set(CATEGORIES) <= set(_CATEGORY_CODE), "csrc/cast_category.h and policy.py disagree"
+assert set(CATEGORIES) | set(ADAPTATIONS) <= set(_CATEGORY_CODE), \
+    "csrc/cast_category.h and policy.py disagree"
 
 _lock = threading.Lock()
 _compiled: "weakref.WeakKeyDictionary[Policy, _C.CompiledPolicy]" = weakref.WeakKeyDictionary()
@@ -45,6 +46,12 @@ def compile(policy: Policy) -> "_C.CompiledPolicy":
             for overload in ops.overloads(op):
                 per_overload[overload] = cat
                 origin[overload] = op
+        # XLA adaptations act only where the policy leaves the op uncast.
+        adapted = {overload: kind
+                   for op, kind in sorted(policy.adaptations.items(), key=lambda kv: "." in kv[0])
+                   for overload in ops.overloads(op)}
+        for overload, kind in adapted.items():
+            per_overload.setdefault(overload, kind)
         names = sorted(per_overload)
         slots, _ = _C.register_ops(names)
         guarded = sorted({m for op in policy.categories for m in ops.mutating_overloads(op)})

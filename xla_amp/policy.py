@@ -14,6 +14,14 @@ Category semantics (evaluated by the AutocastXLA kernel, csrc/autocast_kernel.h)
     promote             floating XLA inputs -> widest floating input type
     banned              raise the policy's explanation
 
+XLA adaptations (`Policy.adaptations`, policies/_xla_adaptations.toml), for
+ops the policy leaves uncast whose PyTorch/XLA lowering cannot mix floating
+precisions; inputs of one dtype run untouched::
+
+    fp32_compute        low-precision input, float32 params -> compute in
+                        float32, first output in the input's dtype
+    promote_mixed       mixed floating inputs -> float32 (eager's promotion)
+
 Eligibility, common to all: only floating, non-float64 tensors on an XLA
 device are cast; in-place and out= overloads and calls with an explicit
 dtype= are never autocast; ops in no category run in their inputs' types.
@@ -54,6 +62,8 @@ CATEGORIES = (
     "banned",
 )
 
+ADAPTATIONS = ("fp32_compute", "promote_mixed")
+
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -76,6 +86,9 @@ class Policy:
     # ops a reference document names that this policy deliberately leaves
     # uncast (op -> citation and why); documentation only, never autocast
     uncast: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # XLA adaptations, op -> kind (ADAPTATIONS); None: PyTorch/XLA's table
+    # (policies/_xla_adaptations.toml); {} turns them off
+    adaptations: Mapping[str, str] | None = None
 
     def __post_init__(self):
         for op, cat in self.categories.items():
@@ -90,6 +103,15 @@ class Policy:
         object.__setattr__(self, "categories", _frozen(self.categories))
         object.__setattr__(self, "sources", _frozen(self.sources))
         object.__setattr__(self, "banned_reasons", _frozen(self.banned_reasons))
+        if self.adaptations is None:
+            from xla_amp import policies  # late: the package imports this module
+            object.__setattr__(self, "adaptations", policies.xla_adaptations())
+        for op, kind in self.adaptations.items():
+            if kind not in ADAPTATIONS:
+                raise ValueError(
+                    f"policy {self.name!r}: adaptation {kind!r} of {op} is not one of "
+                    f"{', '.join(ADAPTATIONS)}")
+        object.__setattr__(self, "adaptations", _frozen(self.adaptations))
         object.__setattr__(self, "uncast", _frozen(
             {op: why for op, why in self.uncast.items() if op not in self.categories}))
 
@@ -111,6 +133,21 @@ class Policy:
                                        else f"{ns}::{base}")
         if op in ops.overloads(f"{ns}::{base}"):
             return self.categories.get(f"{ns}::{base}")
+        return None
+
+    def adaptation(self, op: str) -> str | None:
+        """The XLA adaptation the engine applies to `op` under this policy
+        (``"fp32_compute"``, ``"promote_mixed"``), or None: the op has a
+        category here, or PyTorch/XLA lowers it correctly."""
+        if self.category(op) is not None:
+            return None
+        if op in self.adaptations:
+            return self.adaptations[op]
+        ns, base, overload = ops.split(op)
+        if overload in ("", "default"):
+            return None
+        if op in ops.overloads(f"{ns}::{base}"):
+            return self.adaptations.get(f"{ns}::{base}")
         return None
 
     def ops_in(self, category: str) -> tuple[str, ...]:
@@ -208,17 +245,47 @@ def _line_of(text: str, key: str) -> int:
     return 0
 
 
-def load(path: str | Path) -> Policy:
-    """Reads a policy file. Errors name the file and line of the culprit."""
-    path = Path(path)
+def _read_toml(path: Path) -> tuple[str, dict]:
     try:
         text = path.read_text()
     except OSError as e:
         raise ValueError(f"{path}: cannot read policy file: {e.strerror}") from None
     try:
-        data = tomllib.loads(text)
+        return text, tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{path}: {e}") from None
+
+
+def load_adaptations(path: str | Path) -> tuple[dict[str, str], dict[str, str]]:
+    """Reads an XLA adaptation table: ({op: kind}, {op: reason}). Errors name
+    the file and line of the culprit."""
+    path = Path(path)
+    text, data = _read_toml(path)
+    kinds: dict[str, str] = {}
+    reasons: dict[str, str] = {}
+    for section, entries in data.items():
+        if section not in ADAPTATIONS or not isinstance(entries, dict):
+            raise ValueError(f"{path}: [{section}] is not an adaptation; one of "
+                             f"{', '.join(ADAPTATIONS)}")
+        for op, value in entries.items():
+            where = f"{path}:{_line_of(text, op)}"
+            try:
+                ops.validate(op)
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
+            if op in kinds:
+                raise ValueError(f"{where}: {op} is in [{kinds[op]}] and [{section}]")
+            if not isinstance(value, dict) or not value.get("reason"):
+                raise ValueError(f"{where}: {op} needs a reason (and a reproducer)")
+            kinds[op] = section
+            reasons[op] = value["reason"]
+    return kinds, reasons
+
+
+def load(path: str | Path) -> Policy:
+    """Reads a policy file. Errors name the file and line of the culprit."""
+    path = Path(path)
+    text, data = _read_toml(path)
 
     def where(key: str) -> str:
         return f"{path}:{_line_of(text, key)}"

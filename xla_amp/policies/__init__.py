@@ -4,6 +4,8 @@
     policies.names()                # the registered names
     policies.register(policy)       # make a user policy selectable by name
     policies.for_hardware("TPU")    # the policy a device's hardware selects
+    policies.xla_adaptations()      # op -> kind: PyTorch/XLA lowering fixes,
+                                    # carried by every policy (_xla_adaptations.toml)
 
 Files load on first use. Environment overrides (XLA_AMP_*_OPS_LIST) are
 applied to every built-in policy as it loads.
@@ -13,9 +15,10 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from xla_amp.policy import Policy, load
+from xla_amp.policy import Policy, load, load_adaptations
 
 _DIR = Path(__file__).parent
+_ADAPTATIONS_FILE = _DIR / "_xla_adaptations.toml"
 
 # torch_xla.core.xla_model.xla_device_hw(device) -> policy name
 HARDWARE_POLICY = {"TPU": "tpu", "NEURON": "tpu", "CUDA": "cuda", "CPU": "cpu"}
@@ -25,7 +28,7 @@ _registry: dict[str, Policy] = {}
 
 
 def builtin_names() -> list[str]:
-    return sorted(p.stem for p in _DIR.glob("*.toml"))
+    return sorted(p.stem for p in _DIR.glob("*.toml") if not p.stem.startswith("_"))
 
 
 def names() -> list[str]:
@@ -35,6 +38,27 @@ def names() -> list[str]:
 def _load_builtin(name: str) -> Policy:
     from xla_amp import env_overrides  # late: needs the policy module only
     return env_overrides.apply(load(_DIR / f"{name}.toml"))
+
+
+_adaptations: tuple[dict[str, str], dict[str, str]] | None = None
+
+
+def _adaptation_table() -> tuple[dict[str, str], dict[str, str]]:
+    global _adaptations
+    if _adaptations is None:
+        _adaptations = load_adaptations(_ADAPTATIONS_FILE)
+    return _adaptations
+
+
+def xla_adaptations() -> dict[str, str]:
+    """op -> adaptation kind for PyTorch/XLA's mixed-precision lowering
+    defects; the default `Policy.adaptations` (see _xla_adaptations.toml)."""
+    return dict(_adaptation_table()[0])
+
+
+def adaptation_reason(op: str) -> str:
+    """Why `op` (an entry of xla_adaptations()) is adapted."""
+    return _adaptation_table()[1][op]
 
 
 def get(name: str) -> Policy:

@@ -1,0 +1,218 @@
+"""Real models under every policy: torchvision's zoo and a transformer layer.
+
+    PJRT_DEVICE=CPU .venv/bin/python benchmarks/zoo.py [--models resnet18,...|all]
+    PJRT_DEVICE=CPU .venv/bin/python benchmarks/zoo.py --check --models resnet18 \
+        --policies fp32,tpu,cuda,cpu,cuda:float16
+
+Each model (10 classes, small images) trains with xla_amp.autocast +
+GradScaler + syncfree.SGD(momentum=0.9) under each variant: ``fp32`` (no
+autocast), ``tpu``, ``cuda``, ``cpu`` (bfloat16 unless ``policy:dtype``).
+
+``--check`` (what tests/test_zoo.py runs): every variant starts from the same
+weights and batch and trains ``--steps`` steps; one JSON line per variant
+with the losses, graph executions and device-to-host transfers per step
+(the losses are read after the last step, so the steps themselves must show
+0 transfers), and whether the step's graph compiled at all.
+
+Timing mode (default): after a warm-up that compiles every variant's graphs,
+interleaved rounds of steps per variant, each round led by another variant;
+prints per model and policy the median ms/step, the median per-round ratio
+to the tpu rules and to fp32, and the number of convert ops in the step's
+HLO. XLA:CPU computes bfloat16 no faster than float32: the table shows what
+the XLA adaptations (policies/_xla_adaptations.toml) cost against the tpu
+rules, which need none.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import time
+
+os.environ.setdefault("PJRT_DEVICE", "CPU")
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import torch_xla  # noqa: E402
+import torch_xla.core.xla_model as xm  # noqa: E402
+import torch_xla.debug.metrics as met  # noqa: E402
+
+import xla_amp  # noqa: E402
+
+TORCHVISION = ("resnet18", "resnet50", "mobilenet_v3_small", "efficientnet_b0",
+               "convnext_tiny", "densenet121", "regnet_y_400mf", "shufflenet_v2_x0_5",
+               "vit_b_16")
+MODELS = TORCHVISION + ("transformer_layer",)
+DEFAULT_TIMED = ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "transformer_layer")
+VARIANTS = ("fp32", "tpu", "cuda", "cpu")
+
+
+class TransformerClassifier(nn.Module):
+    """nn.TransformerEncoderLayer over 16 tokens, mean-pooled, 10 classes."""
+
+    def __init__(self, d_model=64, nhead=4, vocab=100):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_model)
+        self.layer = nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward=128,
+                                                dropout=0.0, batch_first=True)
+        self.head = nn.Linear(d_model, 10)
+
+    def forward(self, tokens):
+        return self.head(self.layer(self.embed(tokens)).mean(1))
+
+
+def build(name: str, batch: int, image: int, seed: int = 0):
+    """(model on CPU, input batch, targets) for `name`, deterministic."""
+    torch.manual_seed(seed)
+    if name == "transformer_layer":
+        model = TransformerClassifier()
+        x = torch.randint(0, 100, (batch, 16))
+    else:
+        import torchvision
+        kwargs = {"image_size": image} if name.startswith("vit") else {}
+        model = getattr(torchvision.models, name)(num_classes=10, **kwargs)
+        x = torch.randn(batch, 3, image, image)
+    return model, x, torch.randint(0, 10, (batch,))
+
+
+def parse_variant(v: str) -> tuple[str, torch.dtype | None]:
+    policy, _, dtype = v.partition(":")
+    if policy != "fp32" and policy not in xla_amp.policies.names():
+        raise SystemExit(f"unknown variant {v!r}: fp32 or a policy name ({', '.join(VARIANTS)})")
+    return policy, getattr(torch, dtype) if dtype else (None if policy == "fp32" else torch.bfloat16)
+
+
+class Trainer:
+    """One variant's model copy, optimizer and scaler; `step()` traces one
+    training step and syncs (one graph)."""
+
+    def __init__(self, variant: str, cpu_model, x, y, dev, lr: float):
+        self.policy, self.dtype = parse_variant(variant)
+        self.model = _copy(cpu_model).to(dev)
+        self.x, self.y, self.dev = x.to(dev), y.to(dev), dev
+        self.opt = xla_amp.syncfree.SGD(self.model.parameters(), lr=lr, momentum=0.9)
+        self.scaler = xla_amp.GradScaler()
+
+    def trace(self) -> torch.Tensor:
+        self.opt.zero_grad()
+        with xla_amp.autocast(self.dev, enabled=self.policy != "fp32",
+                              policy=None if self.policy == "fp32" else self.policy,
+                              dtype=self.dtype):
+            loss = F.cross_entropy(self.model(self.x), self.y)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        return loss
+
+    def step(self) -> torch.Tensor:
+        loss = self.trace()
+        torch_xla.sync()
+        return loss
+
+    def converts(self) -> int:
+        """convert ops in the HLO of one step (traced, not run)."""
+        loss = self.trace()
+        live = [loss, *self.model.parameters(), *self.model.buffers()]
+        live += [t for s in self.opt.state.values() for t in s.values()
+                 if isinstance(t, torch.Tensor)]
+        hlo = torch_xla._XLAC._get_xla_tensors_hlo(live)
+        torch_xla.sync()
+        return len(re.findall(r"\bconvert\(", hlo))
+
+
+def _copy(model):
+    import copy
+    return copy.deepcopy(model)
+
+
+def counters() -> tuple[int, int, int]:
+    def count(name):
+        data = met.metric_data(name)
+        return data[0] if data else 0
+    return count("ExecuteTime"), count("TransferFromDeviceTime"), count("CompileTime")
+
+
+def check(name: str, variants: list[str], steps: int, batch: int, image: int, lr: float):
+    dev = torch_xla.device()
+    cpu_model, x, y = build(name, batch, image)
+    for variant in variants:
+        row = {"model": name, "variant": variant}
+        try:
+            trainer = Trainer(variant, cpu_model, x, y, dev, lr)
+            torch_xla.sync()
+            xm.wait_device_ops()  # metrics count finished executions
+            e0, t0, _ = counters()
+            losses = [trainer.step().detach() for _ in range(steps)]
+            xm.wait_device_ops()
+            e1, t1, _ = counters()
+            row["losses"] = [float(v) for v in torch.stack(losses).cpu()]
+            row["executions_per_step"] = (e1 - e0) / steps
+            row["transfers_per_step"] = (t1 - t0) / steps
+            row["scale"] = trainer.scaler.get_scale()
+        except Exception as e:  # reported, not raised: the sweep goes on
+            row["error"] = f"{type(e).__name__}: {str(e)[:600]}"
+        print(json.dumps(row), flush=True)
+        del row
+        torch_xla.sync()
+
+
+def timed(names, rounds: int, steps: int, batch: int, image: int):
+    dev = torch_xla.device()
+    print(f"Step time by policy (batch {batch}, {image}x{image} images; median of "
+          f"{rounds} interleaved rounds of {steps} steps; ratios are medians of "
+          "per-round ratios)\n")
+    print("| model | policy | ms/step | vs tpu | vs fp32 | converts in step HLO |")
+    print("|---|---|---|---|---|---|")
+    for name in names:
+        cpu_model, x, y = build(name, batch, image)
+        trainers = {v: Trainer(v, cpu_model, x, y, dev, lr=1e-3) for v in VARIANTS}
+        converts = {v: t.converts() for v, t in trainers.items()}
+        for t in trainers.values():  # warm-up: both graphs of each variant
+            for _ in range(3):
+                t.step()
+        times = {v: [] for v in VARIANTS}
+        for r in range(rounds):
+            order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
+            for v in order:
+                start = time.perf_counter()
+                for _ in range(steps):
+                    trainers[v].step()
+                xm.wait_device_ops()
+                times[v].append((time.perf_counter() - start) * 1e3 / steps)
+        for v in VARIANTS:
+            vs_tpu = statistics.median(a / b for a, b in zip(times[v], times["tpu"]))
+            vs_fp32 = statistics.median(a / b for a, b in zip(times[v], times["fp32"]))
+            print(f"| {name} | {v} | {statistics.median(times[v]):.1f} | {vs_tpu:.3f} | "
+                  f"{vs_fp32:.3f} | {converts[v]} |", flush=True)
+        del trainers
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default=",".join(DEFAULT_TIMED),
+                    help="comma-separated, or 'all': " + ", ".join(MODELS))
+    ap.add_argument("--check", action="store_true", help="correctness sweep, JSON lines")
+    ap.add_argument("--policies", default=",".join(VARIANTS),
+                    help="--check variants: fp32 or policy[:dtype]")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--image", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    args = ap.parse_args(argv)
+    names = list(MODELS) if args.models == "all" else args.models.split(",")
+    for n in names:
+        if n not in MODELS:
+            raise SystemExit(f"unknown model {n!r}; one of {', '.join(MODELS)}")
+    if args.check:
+        for n in names:
+            check(n, args.policies.split(","), args.steps, args.batch, args.image, args.lr)
+    else:
+        timed(names, args.rounds, args.steps, args.batch, args.image)
+
+
+if __name__ == "__main__":
+    main()
