@@ -7,7 +7,7 @@ EXT     := $(wildcard xla_amp/_C*.so)
 SOURCES := $(wildcard csrc/*.cpp csrc/*.h) setup.py
 export PJRT_DEVICE ?= CPU
 
-.PHONY: all venv build test demo bench docs clean
+.PHONY: all venv build test zoo demo bench docs clean
 
 all: test
 
@@ -37,6 +37,11 @@ build: xla_amp/.built
 test: build
 	$(PY) -m pytest -q tests
 
+# The whole model-zoo sweep: every torchvision model of tests/test_zoo.py
+# under every policy (make test runs a subset). CI runs it after make test.
+zoo: build
+	$(PY) -m pytest -q -m zoo tests/test_zoo.py
+
 # The main job: AMP training on real handwritten digits (sklearn's, shipped in
 # the package), GradScaler + a syncfree optimizer, on XLA:CPU.
 demo: build
@@ -47,6 +52,7 @@ bench: build
 	$(PY) benchmarks/syncfree_step.py
 	$(PY) benchmarks/allreduce_buckets.py
 	$(PY) benchmarks/peers.py
+	$(PY) benchmarks/zoo.py
 
 clean:
 	rm -rf build xla_amp/_C*.so xla_amp/.built *.egg-info

@@ -89,12 +89,13 @@ class Trainer:
     """One variant's model copy, optimizer and scaler; `step()` traces one
     training step and syncs (one graph)."""
 
-    def __init__(self, variant: str, cpu_model, x, y, dev, lr: float):
+    def __init__(self, variant: str, cpu_model, x, y, dev, lr: float,
+                 init_scale: float = 2.0**16):
         self.policy, self.dtype = parse_variant(variant)
         self.model = _copy(cpu_model).to(dev)
         self.x, self.y, self.dev = x.to(dev), y.to(dev), dev
         self.opt = xla_amp.syncfree.SGD(self.model.parameters(), lr=lr, momentum=0.9)
-        self.scaler = xla_amp.GradScaler()
+        self.scaler = xla_amp.GradScaler(init_scale=init_scale)
 
     def trace(self) -> torch.Tensor:
         self.opt.zero_grad()
@@ -135,13 +136,29 @@ def counters() -> tuple[int, int, int]:
     return count("ExecuteTime"), count("TransferFromDeviceTime"), count("CompileTime")
 
 
-def check(name: str, variants: list[str], steps: int, batch: int, image: int, lr: float):
+def eager_bf16_deviation(cpu_model, x, y) -> float:
+    """|loss(bf16 autocast) - loss(fp32)| / loss(fp32) of PyTorch's own CPU
+    autocast on the same weights and batch, eager on the CPU: how far bf16
+    autocast moves this model's loss by itself (a deep net at random init
+    moves by several percent)."""
+    model = _copy(cpu_model).train()
+    with torch.no_grad():
+        fp32 = F.cross_entropy(model(x), y).item()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = F.cross_entropy(model(x), y).item()
+    return abs(low - fp32) / abs(fp32)
+
+
+def check(name: str, variants: list[str], steps: int, batch: int, image: int, lr: float,
+          init_scale: float):
     dev = torch_xla.device()
     cpu_model, x, y = build(name, batch, image)
+    print(json.dumps({"model": name, "variant": "eager_cpu_bf16",
+                      "deviation": eager_bf16_deviation(cpu_model, x, y)}), flush=True)
     for variant in variants:
         row = {"model": name, "variant": variant}
         try:
-            trainer = Trainer(variant, cpu_model, x, y, dev, lr)
+            trainer = Trainer(variant, cpu_model, x, y, dev, lr, init_scale)
             torch_xla.sync()
             xm.wait_device_ops()  # metrics count finished executions
             e0, t0, _ = counters()
@@ -202,6 +219,7 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--image", type=int, default=64)
     ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--init_scale", type=float, default=2.0**16, help="GradScaler's")
     args = ap.parse_args(argv)
     names = list(MODELS) if args.models == "all" else args.models.split(",")
     for n in names:
@@ -209,7 +227,8 @@ def main(argv=None):
             raise SystemExit(f"unknown model {n!r}; one of {', '.join(MODELS)}")
     if args.check:
         for n in names:
-            check(n, args.policies.split(","), args.steps, args.batch, args.image, args.lr)
+            check(n, args.policies.split(","), args.steps, args.batch, args.image, args.lr,
+                  args.init_scale)
     else:
         timed(names, args.rounds, args.steps, args.batch, args.image)
 

@@ -78,6 +78,16 @@ at::ScalarType widest_type(const torch::jit::Stack& stack, size_t first,
   return widest;
 }
 
+// torch's spelling of a floating dtype, for messages.
+std::string dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "float32";
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    default: return c10::toString(t);
+  }
+}
+
 // The floating XLA tensors among the arguments (Tensor and Tensor? only:
 // the ops with adaptations take no tensor lists), with argument indices.
 std::vector<std::pair<size_t, at::ScalarType>> floating_inputs(
@@ -120,8 +130,7 @@ bool AutocastKernel::adapt_mixed(const c10::OperatorHandle& op,
   if (!accepted) {
     std::string got;
     for (const auto& in : inputs) {
-      got += (got.empty() ? "" : ", ") + args[in.first].name() + " " +
-             std::string(c10::toString(in.second));
+      got += (got.empty() ? "" : ", ") + args[in.first].name() + " " + dtype_name(in.second);
     }
     TORCH_CHECK(false, "xla_amp: ", op.schema().operator_name(),
                 " got floating inputs of mixed precision (", got,

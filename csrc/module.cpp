@@ -50,6 +50,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "xla_amp's native AutocastXLA engine";
 
   m.def("collect_grads", &xla_amp::collect_grads, py::arg("params"), py::arg("device"),
+        py::arg("state"), py::arg("state_keys"),
         "(float32 params with a gradient, their gradients, other params with a "
         "gradient, their gradients, first unusable index or -1, first other "
         "index or -1) of a param group's parameter list.");

@@ -9,7 +9,29 @@ namespace xla_amp {
 
 namespace py = pybind11;
 
-py::tuple collect_grads(const py::list& params, const at::Device& device) {
+namespace {
+
+// Whether every state tensor of `param` named in `keys` has its shape and
+// device. Looks up without inserting (the state is a defaultdict).
+bool state_fits(const at::Tensor& param, PyObject* param_obj, const py::dict& state,
+                const std::vector<std::string>& keys, const at::Device& device) {
+  if (keys.empty()) return true;
+  PyObject* st = PyDict_GetItem(state.ptr(), param_obj);  // borrowed
+  if (st == nullptr || !PyDict_Check(st)) return true;
+  for (const std::string& key : keys) {
+    PyObject* v = PyDict_GetItemString(st, key.c_str());  // borrowed
+    if (v == nullptr || v == Py_None) continue;
+    if (!THPVariable_Check(v)) return false;
+    const at::Tensor& t = THPVariable_Unpack(v);
+    if (t.device() != device || t.sizes() != param.sizes()) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+py::tuple collect_grads(const py::list& params, const at::Device& device,
+                        const py::dict& state, const std::vector<std::string>& state_keys) {
   py::list fp32_params, fp32_grads, other_params, other_grads;
   int64_t bad = -1;
   int64_t first_other = -1;
@@ -24,7 +46,7 @@ py::tuple collect_grads(const py::list& params, const at::Device& device) {
     const at::Tensor& g = p.grad();
     if (!g.defined()) continue;
     if (p.device() != device || g.device() != device || g.is_sparse() ||
-        g.sizes() != p.sizes()) {
+        g.sizes() != p.sizes() || !state_fits(p, obj, state, state_keys, device)) {
       bad = i;
       break;
     }

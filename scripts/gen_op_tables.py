@@ -89,7 +89,16 @@ def render() -> str:
         p = loaded[n]
         row = [str(len(p.ops_in(c))) for c in SHORT]
         counts.append(f"| `{n}` | " + " | ".join(row) + f" | {len(p.uncast)} |")
-    return "\n".join(lines + ["", "## Entries per category"] + counts) + "\n"
+    kinds, _ = policy_mod.load_adaptations(policies._ADAPTATIONS_FILE)
+    adapted = ["", "## XLA adaptations", "",
+               "From `xla_amp/policies/_xla_adaptations.toml`, carried by every policy and",
+               "applied where the policy leaves the op uncast and its floating inputs mix",
+               "dtypes (docs/policies.md, \"XLA adaptations\").", "",
+               "| op | adaptation | applies under |", "| --- | --- | --- |"]
+    for op in sorted(kinds):
+        under = [n for n in names if loaded[n].category(op) is None]
+        adapted.append(f"| `{op}` | {kinds[op]} | {', '.join(under)} |")
+    return "\n".join(lines + ["", "## Entries per category"] + counts + adapted) + "\n"
 
 
 def main(argv=None) -> int:

@@ -81,15 +81,6 @@ def main(argv):
     import torchvision
 
     devices = amp_training.setup_devices(FLAGS.num_devices)
-    if FLAGS.amp and FLAGS.policy is None and devices.hw == "CPU":
-        # PyTorch/XLA 2.9 cannot differentiate max_pool2d after a BatchNorm
-        # that got bf16 input with fp32 weights (its HLO mixes precisions);
-        # the cpu rules leave batch_norm uncast, so ResNets would stop at the
-        # first backward. The tpu rules run batch_norm in fp32.
-        FLAGS.policy = "tpu"
-        print("note: using the 'tpu' autocast policy on XLA:CPU: with the 'cpu' rules "
-              "PyTorch/XLA 2.9 fails ResNet's backward (docs/policies.md)", flush=True)
-
     def build_model():
         return torchvision.models.get_model(FLAGS.model, weights=None, num_classes=num_classes)
 

@@ -194,7 +194,13 @@ def test_checkpoint_and_resume_bit_identical(device):
 def test_state_dict_format_matches_torch_amp(device):
     ref = torch.amp.GradScaler("cpu", **KW)
     ours = GradScaler(**KW)
-    assert ours.state_dict() == ref.state_dict()
+    # torch.amp's keys and values, plus the two additions (which torch.amp's
+    # load_state_dict ignores)
+    sd = ours.state_dict()
+    assert {k: sd[k] for k in ref.state_dict()} == ref.state_dict()
+    assert set(sd) - set(ref.state_dict()) == {"min_scale", "_skipped_steps"}
+    assert (sd["min_scale"], sd["_skipped_steps"]) == (None, 0)
+    ref.load_state_dict(sd)
     ours.load_state_dict({**ref.state_dict(), "scale": 8.0, "_growth_tracker": 2})
     assert ours.get_scale() == 8.0
     ours.scale(torch.ones((), device=device))

@@ -87,7 +87,7 @@ def test_failed_override_changes_nothing(device, x):
 
 
 def test_single_string_is_refused():
-    with pytest.raises(TypeError, match="lists of op names"):
+    with pytest.raises(TypeError, match="fp32 must be a list of op names"):
         policies.get("cuda").with_overrides(fp32="aten::mm")
 
 

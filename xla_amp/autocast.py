@@ -58,6 +58,13 @@ class autocast(torch.amp.autocast):
     def __init__(self, device, enabled: bool = True, dtype: torch.dtype | None = None,
                  cache_enabled: bool = True, policy: str | Policy | None = None):
         self.xla_device = _xla_device(device)
+        for name, value in (("enabled", enabled), ("cache_enabled", cache_enabled)):
+            if not isinstance(value, bool):
+                raise ValueError(f"autocast: {name} must be a bool, got {value!r}")
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise ValueError(
+                f"autocast: dtype must be a floating torch.dtype (torch.bfloat16, "
+                f"torch.float16) or None, got {dtype!r}")
         self.policy = _policy_for(self.xla_device, policy)
         if dtype is None:
             dtype = self.policy.default_dtype

@@ -29,6 +29,13 @@ def custom_fwd(fwd=None, *, device_type: str = "xla", cast_inputs: torch.dtype |
     With `cast_inputs`, forward runs with autocast off and its floating
     inputs cast to that dtype when called inside an autocast region.
     """
+    if not isinstance(device_type, str):
+        raise ValueError(f"custom_fwd: device_type must be a str such as 'xla', got {device_type!r}")
+    if cast_inputs is not None and not (isinstance(cast_inputs, torch.dtype)
+                                        and cast_inputs.is_floating_point):
+        raise ValueError(
+            f"custom_fwd: cast_inputs must be a floating torch.dtype (torch.float32, "
+            f"torch.bfloat16, ...) or None, got {cast_inputs!r}")
     if fwd is None:
         return functools.partial(custom_fwd, device_type=device_type, cast_inputs=cast_inputs)
     inner = torch.amp.custom_fwd(fwd, device_type=device_type, cast_inputs=cast_inputs)
@@ -44,6 +51,8 @@ def custom_fwd(fwd=None, *, device_type: str = "xla", cast_inputs: torch.dtype |
 def custom_bwd(bwd=None, *, device_type: str = "xla"):
     """Decorates a Function's backward; it runs with the forward's autocast
     state (enabled, dtype and, on XLA, xla_amp policy)."""
+    if not isinstance(device_type, str):
+        raise ValueError(f"custom_bwd: device_type must be a str such as 'xla', got {device_type!r}")
     if bwd is None:
         return functools.partial(custom_bwd, device_type=device_type)
     inner = torch.amp.custom_bwd(bwd, device_type=device_type)

@@ -46,6 +46,9 @@ def _collectives_skipped(xr) -> bool:
 
 
 def _gradients(optimizer) -> list[torch.Tensor]:
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"all_reduce_gradients: optimizer must be a torch.optim.Optimizer, "
+                        f"got {type(optimizer).__name__}")
     grads = []
     for gi, group in enumerate(optimizer.param_groups):
         for pi, p in enumerate(group["params"]):
@@ -146,6 +149,10 @@ def optimizer_step(optimizer, scaler=None, groups: Optional[list[list[int]]] = N
     call `all_reduce_gradients` and ``scaler.step`` for each, then one
     ``scaler.update()``, instead.
     """
+    from xla_amp.grad_scaler import GradScaler
+    if scaler is not None and not isinstance(scaler, GradScaler):
+        raise TypeError(f"optimizer_step: scaler must be an xla_amp.GradScaler or None, "
+                        f"got {type(scaler).__name__}")
     optimizer_args = optimizer_args or {}
     all_reduce_gradients(optimizer, groups=groups, pin_layout=pin_layout)
     if scaler is None or not scaler.is_enabled():

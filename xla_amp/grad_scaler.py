@@ -12,23 +12,19 @@ Algorithm (one iteration; scale and growth_tracker are device tensors)::
     step(opt)         unscale_(opt) unless done;
                       syncfree opt: opt.step(found_inf=found_inf[opt])
                       other opt:    masked step (below)
-    update()          found = sum(found_inf[*])
-                      found ? (scale *= backoff, tracker = 0)
-                            : (tracker += 1; tracker == interval ? scale *= growth, tracker = 0)
+    update()          found = sum(found_inf[*]) != 0;  skipped += found
+                      found ? (scale = max(scale * backoff, min(min_scale, scale)), tracker = 0)
+                            : (tracker += 1; tracker == interval ?   (==, as torch)
+                                 (scale *= growth if finite, tracker = 0))
 
-Masked step for any other optimizer (``torch.optim.RMSprop``, ...)::
+``update`` is written with plain tensor ops whose factors are traced as
+graph inputs, not with ``torch._amp_update_scale_``: PyTorch/XLA lowers that
+op to a node that keeps growth_factor, backoff_factor and growth_interval as
+constants outside the graph's hash, so after one compilation every scaler
+with the same graph shape silently reused the first one's values.
 
-    keep = found_inf != 0
-    snapshot params with a grad and the optimizer's state; opt.step()
-    p <- where(keep, p_old, p_new), same for each device state tensor
-    if the step created state or changed host-side values (a Python number,
-    a CPU step tensor): read found_inf once (a sync) and, when skipped,
-    restore them / drop the new entries.
-
-So an optimizer whose state lives on the device (``capturable=True`` for
-``torch.optim.Adam``-like ones, ``SGD``) is sync-free after its first step;
-one with host-side state stays correct at the cost of one transfer per
-step, announced by a warning printed once per optimizer class.
+Any other optimizer takes a masked step (xla_amp/_masked_step.py): it runs, and
+its effects are undone on the device when found_inf is set.
 
 Each optimizer goes through a state machine per iteration::
 
@@ -39,11 +35,13 @@ from __future__ import annotations
 
 import enum
 import inspect
-import warnings
 from collections import defaultdict
 from typing import Any, Optional, Union
 
 import torch
+
+from xla_amp._masked_step import masked_step as _masked_step
+from xla_amp._scaler_checks import STATE_KEYS as _STATE_KEYS, checked as _checked
 
 __all__ = ["GradScaler", "OptState"]
 
@@ -62,7 +60,6 @@ class _PerOptimizer:
         self.found_inf_per_device: dict[torch.device, torch.Tensor] = {}
 
 
-_warned_host_state: set[type] = set()
 _found_inf_kwarg: dict[type, bool] = {}
 
 
@@ -92,31 +89,34 @@ class GradScaler:
         backoff_factor: factor (< 1) applied on a step with inf/NaN gradients.
         growth_interval: number of clean steps between growths.
         enabled: ``False`` makes every method a pass-through.
+        min_scale: a floor for the scale: a backoff never takes it below
+            this (None: no floor; DeepSpeed's ``min_loss_scale``).
+
+    Every argument is checked before anything is set; a bad one raises
+    ``ValueError`` naming it.
     """
 
     def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000,
-                 enabled: bool = True):
-        self._enabled = bool(enabled)
-        if self._enabled:
-            if not growth_factor > 1.0:
-                raise ValueError(f"GradScaler: growth_factor must be > 1.0, got {growth_factor}")
-            if not 0.0 < backoff_factor < 1.0:
-                raise ValueError(
-                    f"GradScaler: backoff_factor must be in (0, 1), got {backoff_factor}")
-            if not (isinstance(growth_interval, int) and growth_interval > 0):
-                raise ValueError(
-                    f"GradScaler: growth_interval must be a positive int, got {growth_interval!r}")
-            if not init_scale > 0:
-                raise ValueError(f"GradScaler: init_scale must be > 0, got {init_scale}")
-        self._init_scale = float(init_scale)
-        self._growth_factor = float(growth_factor)
-        self._backoff_factor = float(backoff_factor)
-        self._growth_interval = int(growth_interval)
+                 enabled: bool = True, min_scale: Optional[float] = None):
+        if not isinstance(enabled, bool):
+            raise ValueError(f"GradScaler: enabled must be a bool, got {enabled!r}")
+        self._enabled = enabled
+        values = _checked({"init_scale": init_scale, "growth_factor": growth_factor,
+                           "backoff_factor": backoff_factor,
+                           "growth_interval": growth_interval, "min_scale": min_scale},
+                          "GradScaler")
+        self._init_scale = values["init_scale"]
+        self._growth_factor = values["growth_factor"]
+        self._backoff_factor = values["backoff_factor"]
+        self._growth_interval = values["growth_interval"]
+        self._min_scale = values["min_scale"]
         self._init_growth_tracker = 0
+        self._init_skipped = 0
         # Created on the loss's device by the first scale() call.
         self._scale: Optional[torch.Tensor] = None
         self._growth_tracker: Optional[torch.Tensor] = None
+        self._skipped: Optional[torch.Tensor] = None
         self._per_optimizer: dict[int, _PerOptimizer] = defaultdict(_PerOptimizer)
 
     # -- the iteration ------------------------------------------------------
@@ -241,10 +241,29 @@ class GradScaler:
             total = found[0]
             for f in found[1:]:
                 total = total + f
-            torch._amp_update_scale_(self._scale, self._growth_tracker, total,
-                                     self._growth_factor, self._backoff_factor,
-                                     self._growth_interval)
+            self._update_on_device(total != 0)
         self._per_optimizer = defaultdict(_PerOptimizer)
+
+    def _update_on_device(self, found: torch.Tensor) -> None:
+        # The factors enter as traced scalars (graph inputs on XLA), so a
+        # changed value takes effect without a recompilation. Products in
+        # float64 then rounded, as torch._amp_update_scale_ computes them.
+        with torch.no_grad():
+            scale = self._scale.double()
+            backed_off = scale * self._backoff_factor
+            if self._min_scale is not None:
+                backed_off = torch.maximum(backed_off, scale.clamp(max=self._min_scale))
+            grown = (scale * self._growth_factor).float()
+            successful = self._growth_tracker + 1
+            grow = successful == self._growth_interval  # torch's test: == (a tracker
+            # already past a lowered interval waits for the next overflow)
+            grown = torch.where(torch.isfinite(grown), grown, self._scale)
+            new_scale = torch.where(found, backed_off.float(),
+                                    torch.where(grow, grown, self._scale))
+            new_tracker = torch.where(found | grow, torch.zeros_like(successful), successful)
+            self._scale.copy_(new_scale)
+            self._growth_tracker.copy_(new_tracker)
+            self._skipped.add_(found.to(self._skipped.dtype))
 
     # -- queries and settings ---------------------------------------------
 
@@ -271,19 +290,38 @@ class GradScaler:
         return self._growth_factor
 
     def set_growth_factor(self, new_factor: float) -> None:
-        self._growth_factor = float(new_factor)
+        """Takes effect at the next :meth:`update` (no recompilation)."""
+        self._growth_factor = _checked({"growth_factor": new_factor}, "set_growth_factor")[
+            "growth_factor"]
 
     def get_backoff_factor(self) -> float:
         return self._backoff_factor
 
     def set_backoff_factor(self, new_factor: float) -> None:
-        self._backoff_factor = float(new_factor)
+        """Takes effect at the next :meth:`update` (no recompilation)."""
+        self._backoff_factor = _checked({"backoff_factor": new_factor}, "set_backoff_factor")[
+            "backoff_factor"]
 
     def get_growth_interval(self) -> int:
         return self._growth_interval
 
     def set_growth_interval(self, new_interval: int) -> None:
-        self._growth_interval = int(new_interval)
+        """Takes effect at the next :meth:`update` (no recompilation)."""
+        self._growth_interval = _checked({"growth_interval": new_interval},
+                                         "set_growth_interval")["growth_interval"]
+
+    def get_min_scale(self) -> Optional[float]:
+        return self._min_scale
+
+    def skipped_steps(self) -> int:
+        """Steps skipped (inf/NaN gradients) since construction, counted on
+        the device inside the step's graph; calling this reads it (one
+        device-to-host transfer): keep it out of the training step."""
+        if not self._enabled:
+            return 0
+        if self._skipped is None:
+            return self._init_skipped
+        return int(self._skipped.item())
 
     def _get_growth_tracker(self) -> int:
         if not self._enabled:
@@ -307,13 +345,21 @@ class GradScaler:
             "backoff_factor": self._backoff_factor,
             "growth_interval": self._growth_interval,
             "_growth_tracker": self._get_growth_tracker(),
+            "min_scale": self._min_scale,
+            "_skipped_steps": self.skipped_steps(),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict of this class or of ``torch.amp.GradScaler``
-        (a no-op when disabled)."""
+        (which has no ``min_scale``/``_skipped_steps``: None and 0); a no-op
+        when disabled. Call it between iterations. Every field is checked
+        before any is set: a bad one raises ``ValueError`` naming it and the
+        scaler is unchanged."""
         if not self._enabled:
             return
+        if not isinstance(state_dict, dict):
+            raise ValueError(
+                f"GradScaler.load_state_dict: expected a dict, got {type(state_dict).__name__}")
         if len(state_dict) == 0:
             raise RuntimeError(
                 "The source state dict is empty, possibly because it was saved "
@@ -322,15 +368,27 @@ class GradScaler:
                                "growth_interval", "_growth_tracker") if k not in state_dict]
         if missing:
             raise ValueError(f"GradScaler.load_state_dict: missing keys {missing}")
-        self._init_scale = float(state_dict["scale"])
-        self._growth_factor = float(state_dict["growth_factor"])
-        self._backoff_factor = float(state_dict["backoff_factor"])
-        self._growth_interval = int(state_dict["growth_interval"])
-        self._init_growth_tracker = int(state_dict["_growth_tracker"])
-        if self._scale is not None:
-            self._scale.fill_(self._init_scale)
-        if self._growth_tracker is not None:
-            self._growth_tracker.fill_(self._init_growth_tracker)
+        unknown = sorted(set(state_dict) - set(_STATE_KEYS))
+        if unknown:
+            raise ValueError(f"GradScaler.load_state_dict: unknown keys {unknown}")
+        v = _checked({"init_scale": state_dict["scale"],
+                      "growth_factor": state_dict["growth_factor"],
+                      "backoff_factor": state_dict["backoff_factor"],
+                      "growth_interval": state_dict["growth_interval"],
+                      "min_scale": state_dict.get("min_scale"),
+                      "_growth_tracker": state_dict["_growth_tracker"],
+                      "_skipped_steps": state_dict.get("_skipped_steps", 0)},
+                     "GradScaler.load_state_dict", {"init_scale": "scale"})
+        self._init_scale = v["init_scale"]
+        self._growth_factor = v["growth_factor"]
+        self._backoff_factor = v["backoff_factor"]
+        self._growth_interval = v["growth_interval"]
+        self._min_scale = v["min_scale"]
+        self._init_growth_tracker = v["_growth_tracker"]
+        self._init_skipped = v["_skipped_steps"]
+        if self._scale is not None:  # fresh uploads: an in-place fill would put
+            # the fill into the next step's graph and compile it anew
+            self._lazy_init(self._scale.device)
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -342,21 +400,28 @@ class GradScaler:
             # device tensors do not pickle; keep the values
             state["_init_scale"] = self.get_scale()
             state["_init_growth_tracker"] = self._get_growth_tracker()
+            state["_init_skipped"] = self.skipped_steps()
             state["_scale"] = None
             state["_growth_tracker"] = None
+            state["_skipped"] = None
             state["_per_optimizer"] = None
         return state
 
     def __setstate__(self, state):
+        state.setdefault("_min_scale", None)  # pickled before these existed
+        state.setdefault("_init_skipped", 0)
+        state.setdefault("_skipped", None)
         self.__dict__.update(state)
         self._per_optimizer = defaultdict(_PerOptimizer)
 
     # -- helpers ----------------------------------------------------------
 
     def _lazy_init(self, device: torch.device) -> None:
-        self._scale = torch.full((), self._init_scale, dtype=torch.float32, device=device)
-        self._growth_tracker = torch.full((), self._init_growth_tracker,
-                                          dtype=torch.int32, device=device)
+        # uploaded, not computed on the device: the first step then builds the
+        # same graph as every later one (one compilation, not two)
+        self._scale = torch.tensor(self._init_scale, dtype=torch.float32).to(device)
+        self._growth_tracker = torch.tensor(self._init_growth_tracker, dtype=torch.int32).to(device)
+        self._skipped = torch.tensor(self._init_skipped, dtype=torch.int64).to(device)
 
     def _check_started(self, what: str) -> None:
         if self._scale is None:
@@ -407,78 +472,3 @@ class GradScaler:
         for f in found[1:]:
             total = total + f.to(total.device)
         return total
-
-
-# -- masked step for optimizers that do not take found_inf ------------------
-
-def _is_device_tensor(v) -> bool:
-    return isinstance(v, torch.Tensor) and v.device.type == "xla"
-
-
-def _masked_step(optimizer, found_inf: torch.Tensor, kwargs: dict):
-    """Run ``optimizer.step()`` and undo it on the device when found_inf != 0
-    (see the module docstring); falls back to one sync where the device
-    cannot express the undo."""
-    keep = found_inf != 0
-    params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-    with torch.no_grad():
-        p_old = [p.detach().clone() for p in params]
-        before = {}
-        for p, st in optimizer.state.items():
-            before[p] = {k: (v, v.detach().clone() if isinstance(v, torch.Tensor) else v)
-                         for k, v in st.items()}
-    retval = optimizer.step(**kwargs)
-    needs_host = False  # some change that only the host can undo
-    host_state = False  # ... because the optimizer keeps state on the host
-    with torch.no_grad():
-        for p, old in zip(params, p_old):
-            p.copy_(torch.where(keep, old, p))
-        for p, st in optimizer.state.items():
-            prev = before.get(p)
-            if prev is None or set(st) - set(prev):
-                needs_host = True  # state created by this step
-            for k, v in st.items():
-                if prev is None or k not in prev:
-                    continue
-                obj, snap = prev[k]
-                if _is_device_tensor(v) and isinstance(snap, torch.Tensor) \
-                        and v.shape == snap.shape and v.device == snap.device:
-                    masked = torch.where(keep, snap.to(v.dtype), v)
-                    if v is obj:
-                        v.copy_(masked)
-                    else:
-                        st[k] = masked
-                elif isinstance(v, torch.Tensor) or isinstance(snap, torch.Tensor):
-                    if not (isinstance(v, torch.Tensor) and isinstance(snap, torch.Tensor)
-                            and v.shape == snap.shape and torch.equal(v, snap.to(v))):
-                        needs_host = host_state = True
-                elif v is not obj and v != snap:
-                    needs_host = host_state = True
-    if not needs_host:
-        return retval
-    if host_state and type(optimizer) not in _warned_host_state:
-        _warned_host_state.add(type(optimizer))
-        warnings.warn(
-            f"xla_amp.GradScaler: {type(optimizer).__name__} keeps part of its state on "
-            "the host (a Python number or CPU tensor, such as a step count), so each "
-            "scaler.step() reads found_inf back to the host once. Use an "
-            "xla_amp.syncfree optimizer, or capturable=True where the optimizer has it, "
-            "for a sync-free step.", stacklevel=3)
-    if bool(found_inf.item()):  # the documented sync: undo what the device cannot
-        with torch.no_grad():
-            for p in list(optimizer.state.keys()):
-                prev = before.get(p)
-                if prev is None:
-                    del optimizer.state[p]
-                    continue
-                st = optimizer.state[p]
-                for k in list(st):
-                    if k not in prev:
-                        del st[k]
-                for k, (obj, snap) in prev.items():
-                    if _is_device_tensor(obj) and k in st:
-                        continue  # already masked above
-                    if isinstance(obj, torch.Tensor):
-                        obj.copy_(snap)
-                    st[k] = obj
-    return retval

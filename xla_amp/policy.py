@@ -176,8 +176,21 @@ class Policy:
             "fp32_append_dtype": fp32_append_dtype, "promote": promote,
             "banned": banned,
         }
-        if isinstance(remove, str) or any(isinstance(v, str) for v in requested.values()):
-            raise TypeError("with_overrides takes lists of op names, not a single string")
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"with_overrides: name must be a str, got {name!r}")
+        for arg, names in [*requested.items(), ("remove", remove)]:
+            if isinstance(names, str) or not isinstance(names, Iterable):
+                raise TypeError(
+                    f"with_overrides: {arg} must be a list of op names, got {names!r}"
+                    + (" (a single string)" if isinstance(names, str) else ""))
+            listed = names if isinstance(names, Mapping) else list(names)
+            bad = [n for n in listed if not isinstance(n, str)]
+            if bad:
+                raise TypeError(f"with_overrides: {arg} holds {bad[0]!r}, not an op name")
+            if arg == "remove":
+                remove = listed
+            else:
+                requested[arg] = listed
         moved: dict[str, str] = {}
         for cat, names in requested.items():
             for op in names:

@@ -87,6 +87,8 @@ class SyncFreeOptimizer(torch.optim.Optimizer):
     _xla_amp_syncfree = True
     _FUSED_KIND = ""
     _FUSED_KEYS: tuple[str, ...] = ()
+    # per-parameter state tensors of the parameter's shape; "step" is 1 value
+    _STATE_LIKE_PARAM: tuple[str, ...] = ()
 
     def __init__(self, params, defaults: dict[str, Any]):
         self._init_host_state()
@@ -238,7 +240,8 @@ class SyncFreeOptimizer(torch.optim.Optimizer):
         for gi, group in enumerate(self.param_groups):
             plist = group["params"]
             params, grads, other_params, other_grads, bad, first_other = _C.collect_grads(
-                plist if type(plist) is list else list(plist), device)
+                plist if type(plist) is list else list(plist), device, self.state,
+                self._STATE_LIKE_PARAM)
             if bad >= 0:
                 p = plist[bad]
                 self._bad_param(gi, bad, p, getattr(p, "grad", None), device)
@@ -303,6 +306,15 @@ class SyncFreeOptimizer(torch.optim.Optimizer):
             raise ValueError(
                 f"{name}: parameter {pi} of param group {gi} "
                 "has a sparse gradient, which is not supported")
+        for key in self._STATE_LIKE_PARAM:
+            v = self.state[p].get(key) if p in self.state else None
+            if v is not None and (not isinstance(v, torch.Tensor) or v.shape != p.shape
+                                  or v.device != device):
+                got = (f"shape {tuple(v.shape)} on '{v.device}'" if isinstance(v, torch.Tensor)
+                       else type(v).__name__)
+                raise ValueError(
+                    f"{name}: state '{key}' of parameter {pi} of param group {gi} is "
+                    f"{got}, expected shape {tuple(p.shape)} on '{device}'; nothing was updated")
         raise ValueError(
             f"{name}: gradient of parameter {pi} of param "
             f"group {gi} has shape {tuple(g.shape)} on '{g.device}', "
@@ -440,7 +452,13 @@ class SyncFreeOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict of this optimizer or of its ``torch.optim`` twin;
         state tensors move to the parameters' device. Each group keeps the
-        ``fused`` choice this optimizer was built with."""
+        ``fused`` choice this optimizer was built with.
+
+        Every state entry is checked against its parameter first (a tensor
+        of the parameter's shape, floating; ``step`` one number): a bad one
+        raises ``ValueError`` naming the group, index, key, expected and got,
+        and the optimizer is left as it was."""
+        self._check_loaded_state(state_dict)
         fused = [g.get("fused") for g in self.param_groups]
         super().load_state_dict(state_dict)
         for group, choice in zip(self.param_groups, fused):
@@ -450,6 +468,46 @@ class SyncFreeOptimizer(torch.optim.Optimizer):
         for p, st in list(self.state.items()):
             self._import_state(p, st)
         del self._loaded_lineages
+
+    def _check_loaded_state(self, state_dict) -> None:
+        name = f"{type(self).__name__}.load_state_dict"
+        if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= set(state_dict):
+            raise ValueError(f"{name}: expected a dict with 'state' and 'param_groups', got "
+                             f"{sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__}")
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups):
+            raise ValueError(f"{name}: the state dict has {len(groups)} param groups, "
+                             f"this optimizer {len(self.param_groups)}")
+        where = {}
+        for gi, (saved, ours) in enumerate(zip(groups, self.param_groups)):
+            if len(saved["params"]) != len(ours["params"]):
+                raise ValueError(f"{name}: param group {gi} has {len(saved['params'])} "
+                                 f"parameters in the state dict, {len(ours['params'])} here")
+            for pi, (idx, p) in enumerate(zip(saved["params"], ours["params"])):
+                where[idx] = (gi, pi, p)
+        for idx, st in state_dict["state"].items():
+            if idx not in where:
+                raise ValueError(f"{name}: state for parameter id {idx!r}, which no param "
+                                 "group lists")
+            gi, pi, p = where[idx]
+            for key, v in st.items():
+                bad = None
+                if key == "step":
+                    if not (isinstance(v, (int, float)) and not isinstance(v, bool)) and not (
+                            isinstance(v, torch.Tensor) and v.numel() == 1):
+                        bad = f"expected one number, got {v!r}"
+                elif key in self._STATE_LIKE_PARAM:
+                    if v is None and key == "momentum_buffer":
+                        continue
+                    if not isinstance(v, torch.Tensor) or not v.is_floating_point():
+                        bad = (f"expected a floating tensor of shape {tuple(p.shape)}, got "
+                               f"{v.dtype if isinstance(v, torch.Tensor) else type(v).__name__}")
+                    elif v.shape != p.shape:
+                        bad = (f"expected shape {tuple(p.shape)} (the parameter's), "
+                               f"got {tuple(v.shape)}")
+                if bad:
+                    raise ValueError(f"{name}: state '{key}' of parameter {pi} of param "
+                                     f"group {gi}: {bad}; nothing was loaded")
 
     def _loaded_lineage(self, value) -> int:
         """The lineage of a counter loaded with ``value`` (equal values, one

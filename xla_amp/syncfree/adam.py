@@ -100,6 +100,7 @@ class Adam(SyncFreeOptimizer):
 
     _FUSED_KIND = "adam"
     _FUSED_KEYS = ("lr", "betas", "eps", "weight_decay")
+    _STATE_LIKE_PARAM = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 
     def _update_group(self, gi: int, group: dict[str, Any], skip, params, grads,
                       fused: bool) -> None:

@@ -76,6 +76,7 @@ class SGD(SyncFreeOptimizer):
 
     _FUSED_KIND = "sgd"
     _FUSED_KEYS = ("lr", "momentum", "dampening", "weight_decay")
+    _STATE_LIKE_PARAM = ("momentum_buffer",)
 
     def _update_group(self, gi: int, group: dict[str, Any], skip, params, grads,
                       fused: bool) -> None:

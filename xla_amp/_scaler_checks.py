@@ -1,0 +1,58 @@
+"""Validation of GradScaler settings, shared by the constructor, the setters
+and load_state_dict: every value is checked before any is set, and a bad one
+raises ValueError naming it."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+STATE_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval",
+               "_growth_tracker", "min_scale", "_skipped_steps")
+
+
+def _number(name: str, value, who: str, shown: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if not (isinstance(value, torch.Tensor) and value.numel() == 1
+                and value.device.type == "cpu"):
+            raise ValueError(f"{who}: {shown} must be a number, got {value!r}")
+        value = value.item()
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{who}: {shown} must be finite, got {value}")
+    return value
+
+
+def _count(name: str, value, who: str, shown: str, minimum: int) -> int:
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and value.device.type == "cpu" \
+            and not value.is_floating_point():
+        value = int(value.item())
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{who}: {shown} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def checked(values: dict, who: str, shown: Optional[dict] = None) -> dict:
+    """Validated copies of GradScaler settings; raises ValueError naming the
+    first bad one (as `shown` names it) before the caller sets anything."""
+    shown = shown or {}
+    out = {}
+    for name, value in values.items():
+        label = shown.get(name, name)
+        if name in ("growth_interval",):
+            out[name] = _count(name, value, who, label, 1)
+        elif name in ("_growth_tracker", "_skipped_steps"):
+            out[name] = _count(name, value, who, label, 0)
+        elif name == "min_scale" and value is None:
+            out[name] = None
+        else:
+            v = _number(name, value, who, label)
+            if name == "growth_factor" and not v > 1.0:
+                raise ValueError(f"{who}: {label} must be > 1.0, got {v}")
+            if name == "backoff_factor" and not 0.0 < v < 1.0:
+                raise ValueError(f"{who}: {label} must be in (0, 1), got {v}")
+            if name in ("init_scale", "min_scale") and not v > 0.0:
+                raise ValueError(f"{who}: {label} must be > 0, got {v}")
+            out[name] = v
+    return out
