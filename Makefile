@@ -40,7 +40,7 @@ test: build
 # The whole model-zoo sweep: every torchvision model of tests/test_zoo.py
 # under every policy (make test runs a subset). CI runs it after make test.
 zoo: build
-	$(PY) -m pytest -q -m zoo tests/test_zoo.py
+	$(PY) -m pytest -q -n 2 -m zoo tests/test_zoo.py
 
 # The main job: AMP training on real handwritten digits (sklearn's, shipped in
 # the package), GradScaler + a syncfree optimizer, on XLA:CPU.

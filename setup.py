@@ -12,7 +12,7 @@ setup(
     name="xla_amp",
     version="0.1.0",
     description="Automatic mixed precision for PyTorch/XLA",
-    packages=find_packages(include=["xla_amp", "xla_amp.*"]),
+    packages=find_packages(include=["xla_amp", "xla_amp.*", "xla_amp_launch"]),
     package_data={"xla_amp": ["policies/*.toml"]},
     ext_modules=[
         CppExtension(

@@ -35,7 +35,6 @@ import torch  # noqa: E402
 import torch_xla  # noqa: E402
 import torch_xla.core.xla_model as xm  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import xla_amp  # noqa: E402,F401
 
 OPTS = {"sgd": ("SGD", dict(lr=1e-2, momentum=0.9)),

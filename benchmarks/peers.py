@@ -2,7 +2,7 @@
 
     PJRT_DEVICE=CPU .venv/bin/python benchmarks/peers.py [--steps 40] [--rounds 2]
 
-Every path trains the same network (``scripts/mnist_data.MNISTNet``:
+Every path trains the same network (``xla_amp_launch.digits.MNISTNet``:
 conv-relu-conv-relu-maxpool-fc-relu-fc, same initial weights) with SGD
 (momentum 0.9) on the same batches of real handwritten digits:
 
@@ -38,7 +38,6 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 PATHS = ("fp32", "xla_amp", "torch.amp", "jax_bf16")
 LABELS = {"fp32": "fp32 torch_xla", "xla_amp": "xla_amp (bf16, GradScaler, syncfree)",
@@ -50,7 +49,7 @@ LR, MOMENTUM = 0.05, 0.9
 def batches(batch_size: int, count: int):
     """``count`` fixed batches of the digits training set (normalised)."""
     import torch
-    from mnist_data import load_sklearn_digits, normalize
+    from xla_amp_launch.digits import load_sklearn_digits, normalize
 
     d = load_sklearn_digits()
     g = torch.Generator().manual_seed(0)
@@ -64,7 +63,7 @@ def batches(batch_size: int, count: int):
 
 def initial_model():
     import torch
-    from mnist_data import MNISTNet
+    from xla_amp_launch.digits import MNISTNet
 
     torch.manual_seed(0)
     return MNISTNet()

@@ -161,14 +161,15 @@ def check(name: str, variants: list[str], steps: int, batch: int, image: int, lr
             trainer = Trainer(variant, cpu_model, x, y, dev, lr, init_scale)
             torch_xla.sync()
             xm.wait_device_ops()  # metrics count finished executions
-            e0, t0, _ = counters()
+            e0, t0, c0 = counters()
             losses = [trainer.step().detach() for _ in range(steps)]
             xm.wait_device_ops()
-            e1, t1, _ = counters()
+            e1, t1, c1 = counters()
             row["losses"] = [float(v) for v in torch.stack(losses).cpu()]
             row["executions_per_step"] = (e1 - e0) / steps
             row["transfers_per_step"] = (t1 - t0) / steps
             row["scale"] = trainer.scaler.get_scale()
+            row["compilations"] = c1 - c0
         except Exception as e:  # reported, not raised: the sweep goes on
             row["error"] = f"{type(e).__name__}: {str(e)[:600]}"
         print(json.dumps(row), flush=True)

@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 
 from xla_amp import policy as policy_mod  # noqa: E402

@@ -8,7 +8,7 @@
 
 The training step is the one of train_mnist_amp.py (xla_amp.autocast +
 xla_amp.GradScaler + an xla_amp.syncfree optimizer, one graph per step, no
-host sync inside it); see amp_training.py for flags shared by both
+host sync inside it); see xla_amp_launch/flags.py for flags shared by both
 launchers (--amp, --dtype, --policy, --optimizer, --syncfree, --num_devices,
 --checkpoint/--resume, --logdir, --target_accuracy, ...).
 
@@ -21,15 +21,15 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from absl import app, flags
 
-from absl import app, flags  # noqa: E402
-
-import amp_training  # noqa: E402
+from xla_amp_launch import data, image_folder, loop
+from xla_amp_launch.devices import setup_devices
+from xla_amp_launch.flags import define_flags
 
 FLAGS = flags.FLAGS
 
-amp_training.define_flags(batch_size=32, num_epochs=1, lr=0.1, optimizer="sgd",
+define_flags(batch_size=32, num_epochs=1, lr=0.1, optimizer="sgd",
                           momentum=0.9, weight_decay=1e-4, lr_schedule="cosine",
                           log_steps=5)
 flags.DEFINE_string("model", "resnet50", "torchvision classification model "
@@ -62,9 +62,9 @@ def main(argv):
         raise app.UsageError("--target_accuracy needs --datadir (fake data has no accuracy)")
     if not fake:
         try:
-            train_ds, val_ds, num_classes = amp_training.load_image_folders(
+            train_ds, val_ds, num_classes = image_folder.load_image_folders(
                 FLAGS.datadir, FLAGS.image_size, FLAGS.seed)
-        except amp_training.DataDirError as e:
+        except data.DataDirError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         if len(train_ds) < FLAGS.batch_size:
@@ -73,14 +73,14 @@ def main(argv):
             return 2
         if val_ds is None and FLAGS.target_accuracy is not None:
             print(f"error: --target_accuracy needs {os.path.join(FLAGS.datadir, 'val')}/; "
-                  f"{amp_training.IMAGE_FOLDER_LAYOUT}", file=sys.stderr)
+                  f"{image_folder.IMAGE_FOLDER_LAYOUT}", file=sys.stderr)
             return 2
     else:
         num_classes = FLAGS.num_classes
 
     import torchvision
 
-    devices = amp_training.setup_devices(FLAGS.num_devices)
+    devices = setup_devices(FLAGS.num_devices)
     def build_model():
         return torchvision.models.get_model(FLAGS.model, weights=None, num_classes=num_classes)
 
@@ -90,15 +90,15 @@ def main(argv):
               "and seconds per step; for a quick look try --model resnet18 --image_size 64 "
               "--batch_size 16", flush=True)
     if fake:
-        train = amp_training.FakeSource((3, size, size), num_classes, FLAGS.batch_size,
+        train = data.FakeSource((3, size, size), num_classes, FLAGS.batch_size,
                                         FLAGS.fake_steps_per_epoch, devices, FLAGS.seed)
-        task = amp_training.Task(
+        task = loop.Task(
             name="imagenet", model_name=FLAGS.model, build_model=build_model, train=train,
             evaluate=None, eval_count=0,
             data_description=(f"fake data: one random batch of {FLAGS.batch_size} "
                               f"{size}x{size} images, {num_classes} classes, reused"),
             compat={"data": "fake", "image_size": size, "num_classes": num_classes})
-        return amp_training.run(task, devices)
+        return loop.train(task, devices)
 
     eval_bs = FLAGS.eval_batch_size or FLAGS.batch_size
 
@@ -107,19 +107,19 @@ def main(argv):
         loader = torch.utils.data.DataLoader(val_ds, batch_size=eval_bs, shuffle=False,
                                              num_workers=FLAGS.num_workers)
         for xb, yb in loader:
-            yield amp_training.pad_batch(xb, yb, eval_bs)
+            yield data.pad_batch(xb, yb, eval_bs)
 
-    train = amp_training.FolderSource(train_ds, FLAGS.batch_size, FLAGS.seed, FLAGS.num_workers)
+    train = image_folder.FolderSource(train_ds, FLAGS.batch_size, FLAGS.seed, FLAGS.num_workers)
     desc = (f"ImageFolder {FLAGS.datadir}: {len(train_ds)} training"
             + (f" / {len(val_ds)} held-out" if val_ds is not None else " (no val/)")
             + f" images, {num_classes} classes, {size}x{size} crops")
-    task = amp_training.Task(
+    task = loop.Task(
         name="imagenet", model_name=FLAGS.model, build_model=build_model, train=train,
         evaluate=evaluate if val_ds is not None else None,
         eval_count=len(val_ds) if val_ds is not None else 0, data_description=desc,
         compat={"data": os.path.abspath(FLAGS.datadir), "image_size": size,
                 "num_classes": num_classes})
-    return amp_training.run(task, devices)
+    return loop.train(task, devices)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,10 @@
 
 Training step: ``xla_amp.autocast`` (the device's policy: bf16 on TPU and
 CPU) + ``xla_amp.GradScaler`` + an ``xla_amp.syncfree`` optimizer, one XLA
-graph execution per step, no host sync inside it (see amp_training.py).
+graph execution per step, no host sync inside it (see xla_amp_launch/loop.py).
 
 Default data: scikit-learn's copy of the UCI handwritten digits, resized to
-MNIST's 28x28 layout (see mnist_data.py for the source and why); nothing is
+MNIST's 28x28 layout (see xla_amp_launch/digits.py for the source and why); nothing is
 downloaded. The defaults reach >= 97% held-out accuracy in about two minutes
 on two CPU cores.
 """
@@ -21,15 +21,15 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from absl import app, flags
 
-from absl import app, flags  # noqa: E402
-
-import amp_training  # noqa: E402
+from xla_amp_launch import data, loop
+from xla_amp_launch.devices import setup_devices
+from xla_amp_launch.flags import define_flags
 
 FLAGS = flags.FLAGS
 
-amp_training.define_flags(batch_size=64, num_epochs=15, lr=2e-3, optimizer="adam",
+define_flags(batch_size=64, num_epochs=15, lr=2e-3, optimizer="adam",
                           lr_schedule="cosine", momentum=0.9, log_steps=5,
                           eval_batch_size=120)
 flags.DEFINE_bool("augment", True, "Shift training images by up to 2 pixels at random.")
@@ -40,7 +40,7 @@ flags.DEFINE_integer("fake_steps_per_epoch", 50, "Steps per epoch with --fake_da
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    import mnist_data
+    from xla_amp_launch import digits as mnist_data
 
     # Read and check the data before starting the runtime: a bad --datadir is
     # reported at once, in one message.
@@ -57,30 +57,30 @@ def main(argv):
                   f"fewer than --batch_size={FLAGS.batch_size}", file=sys.stderr)
             return 2
 
-    devices = amp_training.setup_devices(FLAGS.num_devices)
+    devices = setup_devices(FLAGS.num_devices)
     eval_bs = FLAGS.eval_batch_size or FLAGS.batch_size
     if FLAGS.fake_data:
-        train = amp_training.FakeSource((1, 28, 28), 10, FLAGS.batch_size,
+        train = data.FakeSource((1, 28, 28), 10, FLAGS.batch_size,
                                         FLAGS.fake_steps_per_epoch, devices, FLAGS.seed)
-        task = amp_training.Task(
+        task = loop.Task(
             name="mnist", model_name="MNISTNet", build_model=mnist_data.MNISTNet,
             train=train, evaluate=None, eval_count=0,
             data_description=f"fake data: one random batch of {FLAGS.batch_size} 28x28 "
                              "images, reused",
             compat={"data": "fake"})
     else:
-        train = amp_training.TensorSource(digits.train_x, digits.train_y, FLAGS.batch_size,
+        train = data.TensorSource(digits.train_x, digits.train_y, FLAGS.batch_size,
                                           FLAGS.seed, transform=mnist_data.normalize,
                                           augment=(mnist_data.random_shift if FLAGS.augment
                                                    else None))
-        task = amp_training.Task(
+        task = loop.Task(
             name="mnist", model_name="MNISTNet", build_model=mnist_data.MNISTNet,
             train=train,
-            evaluate=lambda: amp_training.padded_eval_batches(
+            evaluate=lambda: data.padded_eval_batches(
                 digits.test_x, digits.test_y, eval_bs, transform=mnist_data.normalize),
             eval_count=len(digits.test_y), data_description=digits.describe(),
             compat={"data": digits.source})
-    return amp_training.run(task, devices)
+    return loop.train(task, devices)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch_xla
 
+import xla_amp
 from xla_amp import _C, autocast, policies
 
 
@@ -190,3 +191,25 @@ def test_unsupported_dtype_warns_once_and_disables(device, mats):
 def test_unknown_policy_lists_valid_names(device):
     with pytest.raises(ValueError, match="unknown autocast policy 'tpv'.*tpu"):
         autocast(device, policy="tpv")
+
+
+def test_set_default_policy_public(device):
+    """xla_amp.set_default_policy: what plain torch.autocast("xla") uses."""
+    a = torch.randn(4, 4, device=device)
+    try:
+        xla_amp.set_default_policy("cuda")
+        with torch.autocast("xla", dtype=torch.bfloat16):
+            # cuda: log_softmax is fp32 (cpu rules leave it alone)
+            assert torch.log_softmax(a.bfloat16(), -1).dtype == torch.float32
+        xla_amp.set_default_policy(xla_amp.policies.get("cpu"))
+        with torch.autocast("xla", dtype=torch.bfloat16):
+            assert torch.log_softmax(a.bfloat16(), -1).dtype == torch.bfloat16
+        with pytest.raises(TypeError, match="int"):
+            xla_amp.set_default_policy(3)
+        with pytest.raises(ValueError, match="'nope'"):
+            xla_amp.set_default_policy("nope")
+        with torch.autocast("xla", dtype=torch.bfloat16):  # unchanged by the refusals
+            assert torch.log_softmax(a.bfloat16(), -1).dtype == torch.bfloat16
+    finally:
+        xla_amp.set_default_policy(None)
+    assert "set_default_policy" in xla_amp.__all__

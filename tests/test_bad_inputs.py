@@ -6,7 +6,6 @@ A case is (setup, action, exception, pattern): `setup` runs before the
 snapshot (a valid prefix, e.g. a first unscale_), `action` must raise.
 """
 import copy
-import math
 
 import pytest
 import torch
@@ -17,6 +16,8 @@ import xla_amp
 from xla_amp import GradScaler, _engine, policies, syncfree
 from xla_amp import env_overrides
 from xla_amp.policy import load as load_policy
+
+from helpers import assert_same
 
 
 class World:
@@ -65,25 +66,6 @@ class World:
         }
 
 
-def same(a, b, path="state"):
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, path
-        bits = lambda t: t.reshape(-1).view(torch.uint8) if t.dtype.is_floating_point else t
-        assert torch.equal(bits(a), bits(b)), path  # bit-identical, NaNs included
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), path
-        for k in a:
-            same(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            same(x, y, f"{path}[{i}]")
-    elif isinstance(a, float) and math.isnan(a):
-        assert isinstance(b, float) and math.isnan(b), path
-    else:
-        assert a == b, f"{path}: {a!r} != {b!r}"
-
-
 def nothing(w):
     pass
 
@@ -129,6 +111,10 @@ def corrupt_then_step(w):
 
 def setup_corrupt(w):
     w._saved_exp_avg = w.adam.state[next(w.model.parameters())]["exp_avg"]
+
+
+def closure_raises():
+    raise KeyError("closure boom")
 
 
 def wrong_grad_shape(w):
@@ -243,6 +229,8 @@ CASES = {
     "step_found_inf_float": (nothing, lambda w: w.sgd.step(found_inf=1.0), ValueError, "found_inf"),
     "step_found_inf_cpu": (nothing, lambda w: w.sgd.step(found_inf=torch.zeros(())), ValueError, "found_inf"),
     "step_found_inf_shape": (nothing, lambda w: w.adam.step(found_inf=torch.zeros(2, device=w.device)), ValueError, "found_inf"),
+    "step_closure_not_callable": (nothing, lambda w: w.sgd.step(closure=3), TypeError, "closure"),
+    "step_closure_raises": (nothing, lambda w: w.adam.step(closure=closure_raises), KeyError, "closure boom"),
     "step_grad_shape": (nothing, wrong_grad_shape, ValueError, "gradient of parameter 0 of param group 0"),
     "step_corrupted_state": (setup_corrupt, corrupt_then_step, ValueError, "'exp_avg' of parameter 0 of param group 0"),
     "sgd_sd_buffer_shape": (nothing, lambda w: sgd_state(w, momentum_buffer=torch.zeros(3)), ValueError,
@@ -284,7 +272,7 @@ def test_bad_input_names_culprit_and_changes_nothing(world, name):
         before = world.snapshot()
         with pytest.raises(exc, match=pattern):
             action(world)
-        same(before, world.snapshot())
+        assert_same(before, world.snapshot())
     finally:
         world.scaler._per_optimizer.clear()  # back to the start of an iteration
 

@@ -11,10 +11,10 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "scripts")
-sys.path.insert(0, SCRIPTS)
 
-import amp_training  # noqa: E402
-import mnist_data  # noqa: E402
+from helpers import assert_same  # noqa: E402
+from xla_amp_launch import data, image_folder  # noqa: E402
+from xla_amp_launch import digits as mnist_data  # noqa: E402
 
 
 def launch(script, *args, timeout=400):
@@ -30,21 +30,6 @@ def summary(proc, key):
     m = re.search(rf"^{key}\s+(.*)$", proc.stdout, re.M)
     assert m, f"no '{key}' line in the summary:\n{proc.stdout}\n{proc.stderr[-3000:]}"
     return m.group(1)
-
-
-def same(a, b, where="state"):
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for k in a:
-            same(a[k], b[k], f"{where}[{k!r}]")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
 
 
 MNIST_TINY = ["--batch_size", 32, "--num_epochs", 2, "--eval_batch_size", 120,
@@ -72,10 +57,10 @@ def test_mnist_resume_equals_uninterrupted_run(tmp_path):
 
     sb, sc = (torch.load(p, weights_only=False) for p in (b, c))
     assert sc["position"] == {"epoch": 1, "step": 50 - 44, "global_step": 50}
-    same(sb["position"], sc["position"], "position")
-    same(sb["model"], sc["model"], "model")
-    same(sb["optimizer"], sc["optimizer"], "optimizer")
-    same(sb["scaler"], sc["scaler"], "scaler")
+    assert_same(sb["position"], sc["position"], "position")
+    assert_same(sb["model"], sc["model"], "model")
+    assert_same(sb["optimizer"], sc["optimizer"], "optimizer")
+    assert_same(sb["scaler"], sc["scaler"], "scaler")
     assert sc["scaler"]["scale"] == 65536.0
     sa = torch.load(a, weights_only=False)
     assert not all(torch.equal(sa["model"][k], sc["model"][k]) for k in sc["model"])
@@ -187,6 +172,16 @@ def _image_folder(root, classes=("cat", "dog"), train=6, val=3, size=(40, 48)):
                     root / split / c / f"{i}.png")
 
 
+@pytest.mark.parametrize("policy", ["tpu", "cuda"])  # the default (cpu) runs above
+def test_mnist_trains_under_every_policy(policy):
+    """cuda: with its default float16 (slow on XLA:CPU: a few steps only)."""
+    proc = launch("train_mnist_amp.py", *MNIST_TINY, "--max_steps", 3, "--policy", policy)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dtype = "float16" if policy == "cuda" else "bfloat16"
+    assert f"AMP {dtype} (policy {policy})" in proc.stdout, proc.stdout
+    assert "1.00 graph executions/step" in summary(proc, "XLA")
+
+
 @pytest.mark.parametrize("policy", [None, "cuda"])  # None: XLA:CPU -> cpu rules
 def test_imagenet_resnet_trains_under_every_policy(policy):
     """ResNet's bn -> relu -> max_pool under the cuda/cpu rules (batch_norm
@@ -218,26 +213,26 @@ def test_imagenet_image_folder_run(tmp_path):
 
 
 def test_image_folder_errors_name_path_and_layout(tmp_path):
-    with pytest.raises(amp_training.DataDirError, match="has no train/ directory"):
-        amp_training.load_image_folders(str(tmp_path), 32, 0)
+    with pytest.raises(data.DataDirError, match="has no train/ directory"):
+        image_folder.load_image_folders(str(tmp_path), 32, 0)
     (tmp_path / "train" / "cat").mkdir(parents=True)
-    with pytest.raises(amp_training.DataDirError) as e:
-        amp_training.load_image_folders(str(tmp_path), 32, 0)
+    with pytest.raises(data.DataDirError) as e:
+        image_folder.load_image_folders(str(tmp_path), 32, 0)
     assert "is not usable" in str(e.value) and "DATADIR/train/<class>/<image>" in str(e.value)
     _image_folder(tmp_path / "mixed", train=1, val=1)
     os.rename(tmp_path / "mixed" / "val" / "dog", tmp_path / "mixed" / "val" / "fox")
-    with pytest.raises(amp_training.DataDirError, match="different class folders"):
-        amp_training.load_image_folders(str(tmp_path / "mixed"), 32, 0)
+    with pytest.raises(data.DataDirError, match="different class folders"):
+        image_folder.load_image_folders(str(tmp_path / "mixed"), 32, 0)
 
 
 def test_epoch_order_and_augmentation_depend_on_seed_and_epoch_only():
-    a = amp_training.epoch_order(100, 3, 5)
-    assert torch.equal(a, amp_training.epoch_order(100, 3, 5))
-    assert not torch.equal(a, amp_training.epoch_order(100, 3, 6))
+    a = data.epoch_order(100, 3, 5)
+    assert torch.equal(a, data.epoch_order(100, 3, 5))
+    assert not torch.equal(a, data.epoch_order(100, 3, 6))
     assert sorted(a.tolist()) == list(range(100))
     x = torch.rand(200, 1, 28, 28)
     y = torch.arange(200)
-    src = amp_training.TensorSource(x, y, 16, seed=3, augment=mnist_data.random_shift)
+    src = data.TensorSource(x, y, 16, seed=3, augment=mnist_data.random_shift)
     full = list(src.batches(2, 0))
     tail = list(src.batches(2, 5))
     assert len(full) == 12 and len(tail) == 7

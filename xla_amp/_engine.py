@@ -69,6 +69,8 @@ def compile(policy: Policy) -> "_C.CompiledPolicy":
 
 push_compiled = _C.push_policy  # push_compiled(compile(policy))
 pop = _C.pop_policy
+active_policy = _C.active_policy  # the calling thread's compiled policy, or None
+collect_grads = _C.collect_grads  # the sync-free optimizers' per-step pass
 
 
 def active_policy_name() -> str | None:

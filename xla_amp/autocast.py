@@ -47,6 +47,23 @@ def _policy_for(dev: torch.device, policy) -> Policy:
     raise TypeError(f"autocast: policy must be a name or a Policy, got {type(policy).__name__}")
 
 
+def set_default_policy(policy: str | Policy | None) -> None:
+    """The policy plain ``torch.autocast("xla")`` uses on threads with no
+    ``xla_amp.autocast`` region open (``xla_amp.autocast`` itself follows
+    its device or its ``policy=``): a policy name, a `Policy`, or None to go
+    back to choosing by the device's hardware. Takes effect for
+    every thread at once; raises before changing anything on a bad value."""
+    if policy is None:
+        _engine.set_default_policy(None)
+        return
+    if isinstance(policy, str):
+        policy = policies.get(policy)
+    elif not isinstance(policy, Policy):
+        raise TypeError(f"set_default_policy: expected a policy name, a Policy or None, "
+                        f"got {type(policy).__name__}")
+    _engine.set_default_policy(policy)
+
+
 class autocast(torch.amp.autocast):
     """Autocast for an XLA device; see the module docstring.
 

@@ -20,7 +20,7 @@ import functools
 
 import torch
 
-from xla_amp import _C
+from xla_amp import _engine
 
 
 def custom_fwd(fwd=None, *, device_type: str = "xla", cast_inputs: torch.dtype | None = None):
@@ -42,7 +42,7 @@ def custom_fwd(fwd=None, *, device_type: str = "xla", cast_inputs: torch.dtype |
 
     @functools.wraps(fwd)
     def forward(ctx, *args, **kwargs):
-        ctx._xla_amp_policy = _C.active_policy() if device_type == "xla" else None
+        ctx._xla_amp_policy = _engine.active_policy() if device_type == "xla" else None
         return inner(ctx, *args, **kwargs)
 
     return forward
@@ -62,10 +62,10 @@ def custom_bwd(bwd=None, *, device_type: str = "xla"):
         table = getattr(ctx, "_xla_amp_policy", None)
         if table is None:
             return inner(ctx, *grads)
-        _C.push_policy(table)
+        _engine.push_compiled(table)
         try:
             return inner(ctx, *grads)
         finally:
-            _C.pop_policy()
+            _engine.pop()
 
     return backward

@@ -157,7 +157,7 @@ def optimizer_step(optimizer, scaler=None, groups: Optional[list[list[int]]] = N
     all_reduce_gradients(optimizer, groups=groups, pin_layout=pin_layout)
     if scaler is None or not scaler.is_enabled():
         return optimizer.step(**optimizer_args)
-    flags = scaler._found_inf_tensors(optimizer)  # non-empty when unscale_ ran first
+    flags = scaler.found_inf_flags(optimizer)  # non-empty when unscale_ ran first
     if flags:
         reduce_found_inf_(flags, groups=groups, pin_layout=pin_layout)
     result = scaler.step(optimizer, **optimizer_args)

@@ -453,10 +453,12 @@ class GradScaler:
                 grads[p.grad.device][p.grad.dtype].append(p.grad)
         return grads
 
-    def _found_inf_tensors(self, optimizer) -> list[torch.Tensor]:
-        """This iteration's per-device skip flags for `optimizer` when
-        unscale_() already ran (else []): xla_amp.optimizer_step reduces them
-        across replicas in place so that every replica skips alike."""
+    def found_inf_flags(self, optimizer) -> list[torch.Tensor]:
+        """This iteration's per-device skip flags (device tensors) for
+        `optimizer` once :meth:`unscale_` ran, else []. For data-parallel
+        code: reduce them across replicas in place (MAX) between unscale_()
+        and step() so that every replica skips alike, as
+        ``xla_amp.optimizer_step`` does."""
         if not self._enabled:
             return []
         st = self._per_optimizer.get(id(optimizer))

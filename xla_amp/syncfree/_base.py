@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.optim.optimizer as _torch_optimizer
 
-from xla_amp import _C
+from xla_amp import _engine
 from xla_amp.syncfree import _fused
 
 
@@ -205,6 +205,9 @@ class SyncFreeOptimizer(torch.optim.Optimizer):
         """
         device = self._device
         self._check_found_inf(found_inf, device)
+        if closure is not None and not callable(closure):
+            raise TypeError(f"{type(self).__name__}.step: closure must be callable or None, "
+                            f"got {type(closure).__name__}")
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -234,12 +237,12 @@ class SyncFreeOptimizer(torch.optim.Optimizer):
         group says otherwise) and the others on the portable one;
         parameters without a gradient left out. Raises before anything is
         updated when a parameter or gradient is unusable. (The pass over the
-        parameters runs in C++, ``xla_amp._C.collect_grads``: in Python it
+        parameters runs in C++, ``_engine.collect_grads``, in C++: in Python it
         cost about as much as building the fused update.)"""
         work = []
         for gi, group in enumerate(self.param_groups):
             plist = group["params"]
-            params, grads, other_params, other_grads, bad, first_other = _C.collect_grads(
+            params, grads, other_params, other_grads, bad, first_other = _engine.collect_grads(
                 plist if type(plist) is list else list(plist), device, self.state,
                 self._STATE_LIKE_PARAM)
             if bad >= 0:

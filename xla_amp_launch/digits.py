@@ -37,6 +37,8 @@ import struct
 import numpy as np
 import torch
 
+from xla_amp_launch.data import DataDirError
+
 MNIST_FILES = {
     "train_images": "train-images-idx3-ubyte",
     "train_labels": "train-labels-idx1-ubyte",
@@ -51,10 +53,6 @@ IDX_LAYOUT = (
 
 # Normalisation used for both sources (MNIST's customary mean and std).
 MEAN, STD = 0.1307, 0.3081
-
-
-class DataDirError(ValueError):
-    """--datadir does not hold a usable data set; the message says why."""
 
 
 @dataclasses.dataclass

@@ -1,0 +1,51 @@
+"""Device set-up: one XLA device, or an SPMD data-parallel mesh."""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+
+@dataclasses.dataclass
+class Devices:
+    device: object               # the XLA device to put tensors on
+    mesh: object = None          # SPMD mesh over the data axis, or None
+    count: int = 1
+    hw: str = "?"
+
+    def shard(self, t):
+        """Shard a batch tensor along its first dimension over the mesh."""
+        if self.mesh is not None:
+            import torch_xla.distributed.spmd as xs
+            xs.mark_sharding(t, self.mesh, ("data",) + (None,) * (t.dim() - 1))
+        return t
+
+
+def setup_devices(num_devices: int) -> Devices:
+    """Start the XLA runtime; for ``num_devices > 1`` in SPMD mode over a
+    one-axis ("data") mesh. Must run before anything touches a device."""
+    if num_devices > 1:
+        pjrt = os.environ.get("PJRT_DEVICE", "CPU")
+        if pjrt.upper() == "CPU":
+            have = os.environ.get("CPU_NUM_DEVICES")
+            if have is not None and have != str(num_devices):
+                raise SystemExit(f"error: --num_devices={num_devices} but the environment "
+                                 f"sets CPU_NUM_DEVICES={have}; unset it or make them agree.")
+            os.environ["CPU_NUM_DEVICES"] = str(num_devices)
+            os.environ.setdefault("PJRT_DEVICE", "CPU")
+    import numpy as np
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    import torch_xla.runtime as xr
+
+    if num_devices == 1:
+        dev = torch_xla.device()
+        return Devices(dev, None, 1, xm.xla_device_hw(dev))
+    xr.use_spmd()
+    import torch_xla.distributed.spmd as xs
+    have = xr.global_runtime_device_count()
+    if have != num_devices:
+        raise SystemExit(f"error: --num_devices={num_devices} but the runtime has {have} "
+                         "devices; SPMD data parallelism here spans all of them.")
+    mesh = xs.Mesh(np.arange(num_devices), (num_devices,), ("data",))
+    dev = torch_xla.device()
+    return Devices(dev, mesh, num_devices, xm.xla_device_hw(dev))

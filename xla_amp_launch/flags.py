@@ -1,0 +1,88 @@
+"""The launchers' common command-line flags (absl), with per-launcher defaults."""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from absl import flags
+
+FLAGS = flags.FLAGS
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16"}
+
+
+def define_flags(*, batch_size: int, num_epochs: int, lr: float, optimizer: str = "sgd",
+                 momentum: float = 0.9, weight_decay: float = 0.0, log_steps: int = 10,
+                 fake_data: bool = False, eval_batch_size: Optional[int] = None,
+                 lr_schedule: str = "constant") -> None:
+    """Define the launchers' common flags, with per-launcher defaults."""
+    # Policy names come from xla_amp; importing it does not start the runtime.
+    from xla_amp import policies
+
+    flags.DEFINE_bool("amp", True, "Train with automatic mixed precision "
+                      "(xla_amp.autocast + xla_amp.GradScaler); --noamp trains in fp32.")
+    flags.DEFINE_enum("dtype", None, sorted(DTYPES),
+                      "Lower-precision dtype under autocast (default: the policy's, "
+                      "bfloat16 on TPU and CPU, float16 on GPU).")
+    flags.DEFINE_enum("policy", None, sorted(policies.names()),
+                      "Autocast policy (op lists) to apply (default: the device's).")
+    flags.DEFINE_enum("optimizer", optimizer, list(OPTIMIZERS), "Optimizer.")
+    flags.DEFINE_bool("syncfree", True, "Use xla_amp.syncfree optimizers (the step is "
+                      "skipped on overflow inside the graph); --nosyncfree uses torch.optim, "
+                      "which costs a host sync per step under GradScaler.")
+    flags.DEFINE_integer("batch_size", batch_size, "Global training batch size.", lower_bound=1)
+    flags.DEFINE_integer("eval_batch_size", eval_batch_size,
+                         "Evaluation batch size (default: --batch_size).", lower_bound=1)
+    flags.DEFINE_integer("num_epochs", num_epochs, "Number of epochs.", lower_bound=1)
+    flags.DEFINE_float("lr", lr, "Learning rate.", lower_bound=0.0)
+    flags.DEFINE_enum("lr_schedule", lr_schedule, ["constant", "cosine"],
+                      "Learning rate schedule, a function of the global step alone "
+                      "(so a resumed run follows it exactly): cosine decays --lr to 0 "
+                      "over --num_epochs after --warmup_steps of linear warm-up.")
+    flags.DEFINE_integer("warmup_steps", 0, "Linear learning-rate warm-up steps.",
+                         lower_bound=0)
+    flags.DEFINE_float("momentum", momentum, "SGD momentum.", lower_bound=0.0)
+    flags.DEFINE_float("weight_decay", weight_decay, "Weight decay.", lower_bound=0.0)
+    flags.DEFINE_integer("seed", 1, "Seed of the initial weights and of the data order.")
+    flags.DEFINE_bool("fake_data", fake_data, "Train on a fixed random batch "
+                      "(throughput only; no accuracy).")
+    flags.DEFINE_string("datadir", None, "Directory of the real data set.")
+    flags.DEFINE_string("logdir", None, "Write TensorBoard scalars (loss, accuracy, "
+                        "loss scale, samples/s) here.")
+    flags.DEFINE_integer("num_devices", 1, "Devices to train on, data parallel with SPMD "
+                         "(the batch is sharded; the compiler inserts the gradient "
+                         "reductions). On XLA:CPU sets CPU_NUM_DEVICES.", lower_bound=1)
+    flags.DEFINE_string("checkpoint", None, "Save a checkpoint to this file at the end of "
+                        "each epoch, every --checkpoint_steps steps, and at the end.")
+    flags.DEFINE_integer("checkpoint_steps", 0, "Also checkpoint every this many steps "
+                         "(0: only at epoch ends and at the end).", lower_bound=0)
+    flags.DEFINE_string("resume", None, "Resume from this checkpoint file: model, optimizer, "
+                        "scaler and data position.")
+    flags.DEFINE_float("target_accuracy", None, "Exit with status 1 unless the final "
+                       "held-out accuracy (percent) reaches this.",
+                       lower_bound=0.0, upper_bound=100.0)
+    flags.DEFINE_integer("max_steps", 0, "Stop after this many training steps in total "
+                         "(counted from the start of training, across resumes; 0: no limit).",
+                         lower_bound=0)
+    flags.DEFINE_integer("log_steps", log_steps, "Read loss/accuracy/scale back from the "
+                         "device (one transfer) every this many steps.", lower_bound=1)
+    flags.DEFINE_bool("progress", True, "Show a progress bar per epoch.")
+
+    flags.register_validator("resume", lambda p: p is None or os.path.isfile(p),
+                             message="--resume must name an existing checkpoint file")
+    flags.register_multi_flags_validator(
+        ["fake_data", "datadir"], lambda f: not (f["fake_data"] and f["datadir"]),
+        message="--fake_data and --datadir exclude each other")
+    flags.register_multi_flags_validator(
+        ["fake_data", "target_accuracy"],
+        lambda f: not (f["fake_data"] and f["target_accuracy"] is not None),
+        message="--target_accuracy needs real data (fake data has no accuracy)")
+    flags.register_multi_flags_validator(
+        ["amp", "dtype"], lambda f: f["amp"] or f["dtype"] is None,
+        message="--dtype applies to --amp only")
+    flags.register_multi_flags_validator(
+        ["batch_size", "eval_batch_size", "num_devices"],
+        lambda f: f["batch_size"] % f["num_devices"] == 0
+        and (f["eval_batch_size"] or f["batch_size"]) % f["num_devices"] == 0,
+        message="--batch_size and --eval_batch_size must be multiples of --num_devices")

@@ -1,0 +1,320 @@
+"""The training loop the launchers exist to show, in four parts::
+
+    run = setup(task, devices)        # model, optimizer, scaler, resume, header
+    for epoch ...: train_epoch(run, epoch); evaluate(run)
+    return summary(run)               # exit status: 1 if --target_accuracy missed
+
+One training step::
+
+    with xla_amp.autocast(device):             # bf16 (or fp16) where the policy says
+        loss = F.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()              # xla_amp.GradScaler
+    scaler.step(optimizer)                     # xla_amp.syncfree.SGD/Adam/AdamW: no host sync
+    scaler.update()
+    torch_xla.sync()                           # one graph execution per step
+
+Loss, accuracy and the loss scale are summed on the device inside that same
+graph and read back once per ``--log_steps`` steps (one transfer).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Callable, Iterator, Optional
+
+from xla_amp_launch.checkpoint import load_checkpoint, save_checkpoint
+from xla_amp_launch.devices import Devices
+from xla_amp_launch.flags import DTYPES, FLAGS
+from xla_amp_launch.metrics import Counters, Progress, fmt_rate, fmt_scale
+from xla_amp_launch.summary import summary
+
+
+@dataclasses.dataclass
+class Task:
+    """What a launcher hands to :func:`train`."""
+    name: str                               # "mnist" / "imagenet"
+    model_name: str
+    build_model: Callable[[], object]       # returns an nn.Module (CPU), seeded by setup()
+    train: object                           # TensorSource / FakeSource / loader source
+    evaluate: Optional[Callable[[], Iterator]]  # yields (x, y, mask) CPU batches, or None
+    data_description: str
+    eval_count: int = 0                     # held-out samples (known on the host)
+    compat: dict = dataclasses.field(default_factory=dict)  # must match on resume
+
+
+@dataclasses.dataclass
+class Run:
+    """A training run's objects and running figures."""
+    task: Task
+    devices: Devices
+    model: object
+    optimizer: object
+    scaler: object
+    autocast_kw: dict
+    compat: dict
+    position: dict
+    total_steps: int
+    writer: object = None
+    t_start: float = 0.0
+    totals: object = None                   # device [loss*n, correct, n] of the epoch
+    monitor: object = None                  # device totals + scale: one read
+    counts: dict = dataclasses.field(default_factory=dict)
+    steps_run: int = 0
+    samples_run: int = 0
+    train_seconds: float = 0.0
+    windows: list = dataclasses.field(default_factory=list)  # (samples, s) between reads
+    last: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(
+        ("loss", "acc", "scale", "rate"), float("nan")))
+    eval_acc: Optional[float] = None
+    global_step: int = 0
+    stop: bool = False
+
+
+def make_optimizer(params, name: str, syncfree: bool, lr: float, momentum: float,
+                   weight_decay: float):
+    import torch
+    import xla_amp
+    ns = xla_amp.syncfree if syncfree else torch.optim
+    if name == "sgd":
+        return ns.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if name == "adam":
+        return ns.Adam(params, lr=lr, weight_decay=weight_decay)
+    return ns.AdamW(params, lr=lr, weight_decay=weight_decay or 1e-2)
+
+
+def learning_rate(base: float, step: int, total: int, schedule: str, warmup: int) -> float:
+    """The learning rate of global step ``step`` (0-based) of ``total``."""
+    if warmup and step < warmup:
+        return base * (step + 1) / warmup
+    if schedule == "cosine" and total > warmup:
+        frac = min((step - warmup) / (total - warmup), 1.0)
+        return base * 0.5 * (1.0 + math.cos(math.pi * frac))
+    return base
+
+
+def train(task: Task, devices: Devices) -> int:
+    """Train ``task`` per the flags; print the summary; return the exit status."""
+    run = setup(task, devices)
+    for epoch in range(run.position["epoch"], FLAGS.num_epochs):
+        if run.stop:
+            break
+        train_epoch(run, epoch)
+    if run.steps_run == 0 and run.eval_acc is None:
+        run.eval_acc = evaluate(run)  # e.g. resumed from a finished run
+    if run.writer:
+        run.writer.flush()
+        run.writer.close()
+    return summary(run, FLAGS)
+
+
+def setup(task: Task, devices: Devices) -> Run:
+    """Build model, optimizer and scaler, resume if asked, print the header."""
+    import torch
+    import xla_amp
+
+    t_start = time.perf_counter()
+    dev = devices.device
+    dtype = getattr(torch, DTYPES[FLAGS.dtype]) if FLAGS.dtype else None
+    compat = dict(task.compat, launcher=task.name, model=task.model_name,
+                  optimizer=FLAGS.optimizer, syncfree=FLAGS.syncfree,
+                  batch_size=FLAGS.batch_size, amp=FLAGS.amp, seed=FLAGS.seed,
+                  fake_data=FLAGS.fake_data)
+    torch.manual_seed(FLAGS.seed)
+    model = task.build_model().to(dev)
+    optimizer = make_optimizer(model.parameters(), FLAGS.optimizer, FLAGS.syncfree,
+                               FLAGS.lr, FLAGS.momentum, FLAGS.weight_decay)
+    scaler = xla_amp.GradScaler(enabled=FLAGS.amp)
+    autocast_kw = dict(enabled=FLAGS.amp, dtype=dtype, policy=FLAGS.policy)
+    position = {"epoch": 0, "step": 0, "global_step": 0}
+    if FLAGS.resume:
+        state = load_checkpoint(FLAGS.resume, compat)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        if FLAGS.amp:
+            scaler.load_state_dict(state["scaler"])
+        position = dict(state["position"])
+        print(f"resumed from {FLAGS.resume}: epoch {position['epoch'] + 1}, "
+              f"step {position['step']}, {position['global_step']} steps done", flush=True)
+    writer = None
+    if FLAGS.logdir:
+        from torch.utils.tensorboard import SummaryWriter
+        writer = SummaryWriter(FLAGS.logdir)
+    run = Run(task, devices, model, optimizer, scaler, autocast_kw, compat, position,
+              task.train.steps_per_epoch * FLAGS.num_epochs, writer, t_start,
+              global_step=position["global_step"])
+    run.stop = bool(FLAGS.max_steps) and run.global_step >= FLAGS.max_steps
+    _print_header(run)
+    model.train()
+    return run
+
+
+def _print_header(run: Run) -> None:
+    import torch
+    import xla_amp
+    with xla_amp.autocast(run.devices.device, **run.autocast_kw) as ac:  # what will it do?
+        amp_dtype = torch.get_autocast_dtype("xla")
+        amp_on = torch.is_autocast_enabled("xla")
+        policy_name = getattr(getattr(ac, "policy", None), "name", None) or FLAGS.policy
+    if FLAGS.amp:
+        precision = (f"AMP {str(amp_dtype).replace('torch.', '')} (policy "
+                     f"{policy_name or 'device default'}) + GradScaler"
+                     if amp_on else "AMP requested but autocast is disabled for this "
+                     "dtype/policy (see warning); fp32 + GradScaler")
+    else:
+        precision = "fp32"
+    opt_desc = (f"{'xla_amp.syncfree' if FLAGS.syncfree else 'torch.optim'}."
+                f"{type(run.optimizer).__name__}(lr={FLAGS.lr:g}"
+                + (f", momentum={FLAGS.momentum:g}" if FLAGS.optimizer == "sgd" else "")
+                + f"), {FLAGS.lr_schedule} lr"
+                + (f" after {FLAGS.warmup_steps} warm-up steps" if FLAGS.warmup_steps else ""))
+    d = run.devices
+    par = f"{d.count} x {d.hw} (SPMD data parallel)" if d.count > 1 else f"1 x {d.hw}"
+    nparams = sum(p.numel() for p in run.model.parameters())
+    print(f"data       {run.task.data_description}\n"
+          f"model      {run.task.model_name}, {nparams:,} parameters\n"
+          f"precision  {precision}\n"
+          f"optimizer  {opt_desc}, batch {FLAGS.batch_size}, "
+          f"{run.task.train.steps_per_epoch} steps/epoch, {FLAGS.num_epochs} epochs\n"
+          f"devices    {par}", flush=True)
+
+
+def train_step(run: Run, x, y) -> None:
+    """One step: one graph execution, no transfer."""
+    import torch
+    import torch.nn.functional as F
+    import torch_xla
+    import xla_amp
+    dev = run.devices.device
+    lr = learning_rate(FLAGS.lr, run.global_step, run.total_steps, FLAGS.lr_schedule,
+                       FLAGS.warmup_steps)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr                  # a graph input, not a constant: no recompile
+    run.optimizer.zero_grad(set_to_none=True)
+    with xla_amp.autocast(dev, **run.autocast_kw):
+        logits = run.model(x)
+        loss = F.cross_entropy(logits, y)
+    run.scaler.scale(loss).backward()
+    run.scaler.step(run.optimizer)
+    run.scaler.update()
+    with torch.no_grad():
+        n = torch.full((), float(y.shape[0]), device=dev)
+        correct = (logits.argmax(dim=1) == y).sum().float()
+        run.totals = run.totals + torch.stack([loss.detach().float() * n, correct, n])
+        scale = run.scaler.get_scale_tensor() if FLAGS.amp else None
+        if scale is None:
+            scale = torch.ones((), device=dev)
+        # one tensor, so that a progress read is a single transfer
+        run.monitor = torch.cat([run.totals, scale.reshape(1).float()])
+    torch_xla.sync()
+
+
+def _log_progress(run: Run, bar: Progress, win_samples: int, win_t: float) -> float:
+    """Read the device sums (the one transfer); returns the read's time."""
+    loss_sum, correct, n, scale = run.monitor.cpu().tolist()
+    now = time.perf_counter()
+    run.windows.append((win_samples, now - win_t))
+    run.last.update(loss=loss_sum / max(n, 1), acc=100.0 * correct / max(n, 1),
+                    scale=scale, rate=win_samples / max(now - win_t, 1e-9))
+    last = run.last
+    bar.postfix(f"loss={last['loss']:.4f} acc={last['acc']:.1f}% "
+                f"{fmt_rate(last['rate'])} samples/s"
+                + (f" scale={fmt_scale(scale)}" if FLAGS.amp else ""))
+    if run.writer:
+        w, step = run.writer, run.global_step
+        w.add_scalar("train/lr", run.optimizer.param_groups[0]["lr"], step)
+        w.add_scalar("train/loss", last["loss"], step)
+        w.add_scalar("train/accuracy", last["acc"], step)
+        w.add_scalar("train/samples_per_sec", last["rate"], step)
+        if FLAGS.amp:
+            w.add_scalar("train/loss_scale", scale, step)
+    return now
+
+
+def checkpoint(run: Run, position: dict) -> None:
+    if FLAGS.checkpoint:
+        save_checkpoint(FLAGS.checkpoint, run.model, run.optimizer, run.scaler, position,
+                        run.compat)
+
+
+def train_epoch(run: Run, epoch: int) -> None:
+    """Train one epoch (from the saved step if resuming into it), evaluate,
+    print the epoch line, checkpoint."""
+    import torch
+    import torch_xla.core.xla_model as xm
+    dev, spe = run.devices.device, run.task.train.steps_per_epoch
+    start = run.position["step"] if epoch == run.position["epoch"] else 0
+    run.totals = torch.zeros(3).to(dev)   # host->device copy: no graph
+    bar = Progress(FLAGS.progress, spe, start, f"epoch {epoch + 1}/{FLAGS.num_epochs}")
+    xm.wait_device_ops()                  # evaluation's executions are counted by now
+    c0 = Counters.now()
+    t0 = win_t = time.perf_counter()
+    win_samples = 0
+    paused = 0.0                          # time spent checkpointing inside the epoch
+    step = start - 1
+    for step, (x, y) in enumerate(run.task.train.batches(epoch, start), start=start):
+        if x.device.type == "cpu":
+            x, y = run.devices.shard(x.to(dev)), run.devices.shard(y.to(dev))
+        train_step(run, x, y)
+        run.global_step += 1
+        run.steps_run += 1
+        run.samples_run += FLAGS.batch_size
+        win_samples += FLAGS.batch_size
+        bar.update(1)
+        run.stop = bool(FLAGS.max_steps) and run.global_step >= FLAGS.max_steps
+        end_of_epoch = step + 1 == spe
+        if run.global_step % FLAGS.log_steps == 0 or end_of_epoch or run.stop:
+            win_t, win_samples = _log_progress(run, bar, win_samples, win_t), 0
+        if (FLAGS.checkpoint and FLAGS.checkpoint_steps
+                and run.global_step % FLAGS.checkpoint_steps == 0
+                and not end_of_epoch and not run.stop):
+            t_ck = time.perf_counter()
+            xm.wait_device_ops()
+            Counters.add(run.counts, Counters.delta(c0, Counters.now()))
+            checkpoint(run, {"epoch": epoch, "step": step + 1, "global_step": run.global_step})
+            paused += time.perf_counter() - t_ck
+            win_t += time.perf_counter() - t_ck
+            c0 = Counters.now()
+        if run.stop:
+            break
+    run.train_seconds += time.perf_counter() - t0 - paused
+    xm.wait_device_ops()                  # so that every execution has been counted
+    Counters.add(run.counts, Counters.delta(c0, Counters.now()))
+    bar.close()
+    if step + 1 == spe:
+        pos = {"epoch": epoch + 1, "step": 0, "global_step": run.global_step}
+    else:
+        pos = {"epoch": epoch, "step": step + 1, "global_step": run.global_step}
+    run.eval_acc = evaluate(run)
+    line = (f"epoch {epoch + 1}/{FLAGS.num_epochs}"
+            + (f" (stopped at step {step + 1}/{spe})" if pos["step"] else "")
+            + f": train loss {run.last['loss']:.4f}, train acc {run.last['acc']:.2f}%")
+    if run.eval_acc is not None:
+        line += f", held-out acc {run.eval_acc:.2f}%"
+    if FLAGS.amp:
+        line += f", loss scale {fmt_scale(run.last['scale'])}"
+    print(line, flush=True)
+    if run.writer and run.eval_acc is not None:
+        run.writer.add_scalar("eval/accuracy", run.eval_acc, run.global_step)
+    checkpoint(run, pos)
+
+
+def evaluate(run: Run) -> Optional[float]:
+    """Held-out accuracy in percent (one read at the end), or None."""
+    import torch
+    import torch_xla
+    import xla_amp
+    if run.task.evaluate is None:
+        return None
+    dev = run.devices.device
+    run.model.eval()
+    correct = torch.zeros((), dtype=torch.long).to(dev)
+    with torch.no_grad():
+        for xb, yb, mask in run.task.evaluate():
+            xb, yb, mask = (run.devices.shard(t.to(dev)) for t in (xb, yb, mask))
+            with xla_amp.autocast(dev, **run.autocast_kw):
+                pred = run.model(xb).argmax(dim=1)
+            correct = correct + ((pred == yb) & mask).sum()
+            torch_xla.sync()
+    run.model.train()
+    return 100.0 * int(correct.cpu()) / max(run.task.eval_count, 1)
