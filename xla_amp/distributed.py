@@ -30,6 +30,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from xla_amp._param_walk import params_with_grads, where
+
 DEFAULT_BUCKET_CAP_MB = 50.0
 
 
@@ -50,15 +52,12 @@ def _gradients(optimizer) -> list[torch.Tensor]:
         raise TypeError(f"all_reduce_gradients: optimizer must be a torch.optim.Optimizer, "
                         f"got {type(optimizer).__name__}")
     grads = []
-    for gi, group in enumerate(optimizer.param_groups):
-        for pi, p in enumerate(group["params"]):
-            if p.grad is None:
-                continue
-            if p.grad.device.type != "xla":
-                raise ValueError(
-                    f"all_reduce_gradients: parameter {pi} of param group {gi} has its "
-                    f"gradient on '{p.grad.device}', not on an XLA device")
-            grads.append(p.grad)
+    for gi, pi, p in params_with_grads(optimizer):
+        if p.grad.device.type != "xla":
+            raise ValueError(
+                f"all_reduce_gradients: {where(gi, pi)} has its gradient on "
+                f"'{p.grad.device}', not on an XLA device")
+        grads.append(p.grad)
     return grads
 
 

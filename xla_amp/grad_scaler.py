@@ -41,7 +41,9 @@ from typing import Any, Optional, Union
 import torch
 
 from xla_amp._masked_step import masked_step as _masked_step
-from xla_amp._scaler_checks import STATE_KEYS as _STATE_KEYS, checked as _checked
+from xla_amp._param_walk import params_with_grads, where
+from xla_amp._scaler_state import ScalerStateDict
+from xla_amp._scaler_checks import checked as _checked
 
 __all__ = ["GradScaler", "OptState"]
 
@@ -78,7 +80,7 @@ def _takes_found_inf(optimizer) -> bool:
     return _found_inf_kwarg[cls]
 
 
-class GradScaler:
+class GradScaler(ScalerStateDict):
     """Dynamic loss scaling with ``torch.amp.GradScaler``'s schedule and
     state-dict format, for parameters on an XLA device.
 
@@ -117,7 +119,7 @@ class GradScaler:
         self._scale: Optional[torch.Tensor] = None
         self._growth_tracker: Optional[torch.Tensor] = None
         self._skipped: Optional[torch.Tensor] = None
-        self._per_optimizer: dict[int, _PerOptimizer] = defaultdict(_PerOptimizer)
+        self._per_optimizer: dict[int, _PerOptimizer] = self._fresh_iteration()
 
     # -- the iteration ------------------------------------------------------
 
@@ -242,7 +244,7 @@ class GradScaler:
             for f in found[1:]:
                 total = total + f
             self._update_on_device(total != 0)
-        self._per_optimizer = defaultdict(_PerOptimizer)
+        self._per_optimizer = self._fresh_iteration()
 
     def _update_on_device(self, found: torch.Tensor) -> None:
         # The factors enter as traced scalars (graph inputs on XLA), so a
@@ -330,91 +332,12 @@ class GradScaler:
             return self._init_growth_tracker
         return int(self._growth_tracker.item())
 
-    # -- checkpointing ----------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        """``torch.amp.GradScaler``'s format: ``scale``, ``growth_factor``,
-        ``backoff_factor``, ``growth_interval``, ``_growth_tracker`` (empty
-        when disabled). Call it after :meth:`update`; it reads the scale
-        back to the host."""
-        if not self._enabled:
-            return {}
-        return {
-            "scale": self.get_scale(),
-            "growth_factor": self._growth_factor,
-            "backoff_factor": self._backoff_factor,
-            "growth_interval": self._growth_interval,
-            "_growth_tracker": self._get_growth_tracker(),
-            "min_scale": self._min_scale,
-            "_skipped_steps": self.skipped_steps(),
-        }
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a state dict of this class or of ``torch.amp.GradScaler``
-        (which has no ``min_scale``/``_skipped_steps``: None and 0); a no-op
-        when disabled. Call it between iterations. Every field is checked
-        before any is set: a bad one raises ``ValueError`` naming it and the
-        scaler is unchanged."""
-        if not self._enabled:
-            return
-        if not isinstance(state_dict, dict):
-            raise ValueError(
-                f"GradScaler.load_state_dict: expected a dict, got {type(state_dict).__name__}")
-        if len(state_dict) == 0:
-            raise RuntimeError(
-                "The source state dict is empty, possibly because it was saved "
-                "from a disabled instance of GradScaler.")
-        missing = [k for k in ("scale", "growth_factor", "backoff_factor",
-                               "growth_interval", "_growth_tracker") if k not in state_dict]
-        if missing:
-            raise ValueError(f"GradScaler.load_state_dict: missing keys {missing}")
-        unknown = sorted(set(state_dict) - set(_STATE_KEYS))
-        if unknown:
-            raise ValueError(f"GradScaler.load_state_dict: unknown keys {unknown}")
-        v = _checked({"init_scale": state_dict["scale"],
-                      "growth_factor": state_dict["growth_factor"],
-                      "backoff_factor": state_dict["backoff_factor"],
-                      "growth_interval": state_dict["growth_interval"],
-                      "min_scale": state_dict.get("min_scale"),
-                      "_growth_tracker": state_dict["_growth_tracker"],
-                      "_skipped_steps": state_dict.get("_skipped_steps", 0)},
-                     "GradScaler.load_state_dict", {"init_scale": "scale"})
-        self._init_scale = v["init_scale"]
-        self._growth_factor = v["growth_factor"]
-        self._backoff_factor = v["backoff_factor"]
-        self._growth_interval = v["growth_interval"]
-        self._min_scale = v["min_scale"]
-        self._init_growth_tracker = v["_growth_tracker"]
-        self._init_skipped = v["_skipped_steps"]
-        if self._scale is not None:  # fresh uploads: an in-place fill would put
-            # the fill into the next step's graph and compile it anew
-            self._lazy_init(self._scale.device)
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        if self._enabled:
-            if self._per_optimizer:
-                raise RuntimeError(
-                    "A GradScaler instance may only be pickled at the beginning "
-                    "of an iteration, or at the end after scaler.update().")
-            # device tensors do not pickle; keep the values
-            state["_init_scale"] = self.get_scale()
-            state["_init_growth_tracker"] = self._get_growth_tracker()
-            state["_init_skipped"] = self.skipped_steps()
-            state["_scale"] = None
-            state["_growth_tracker"] = None
-            state["_skipped"] = None
-            state["_per_optimizer"] = None
-        return state
-
-    def __setstate__(self, state):
-        state.setdefault("_min_scale", None)  # pickled before these existed
-        state.setdefault("_init_skipped", 0)
-        state.setdefault("_skipped", None)
-        self.__dict__.update(state)
-        self._per_optimizer = defaultdict(_PerOptimizer)
-
     # -- helpers ----------------------------------------------------------
+
+    @staticmethod
+    def _fresh_iteration() -> dict:
+        """Per-optimizer stages of a new iteration (all READY)."""
+        return defaultdict(_PerOptimizer)
 
     def _lazy_init(self, device: torch.device) -> None:
         # uploaded, not computed on the device: the first step then builds the
@@ -438,19 +361,15 @@ class GradScaler:
 
     def _collect_grads(self, optimizer) -> dict:
         grads: dict = defaultdict(lambda: defaultdict(list))
-        for gi, group in enumerate(optimizer.param_groups):
-            for pi, p in enumerate(group["params"]):
-                if p.grad is None:
-                    continue
-                where = f"parameter {pi} of param group {gi}"
-                self._check_xla(p.device, where)
-                if p.grad.dtype == torch.float16:
-                    raise ValueError(
-                        f"Attempting to unscale FP16 gradients ({where}); keep the "
-                        "parameters in float32 and let autocast produce fp16 activations.")
-                if p.grad.is_sparse:
-                    raise ValueError(f"GradScaler: {where} has a sparse gradient (unsupported)")
-                grads[p.grad.device][p.grad.dtype].append(p.grad)
+        for gi, pi, p in params_with_grads(optimizer):
+            self._check_xla(p.device, where(gi, pi))
+            if p.grad.dtype == torch.float16:
+                raise ValueError(
+                    f"Attempting to unscale FP16 gradients ({where(gi, pi)}); keep the "
+                    "parameters in float32 and let autocast produce fp16 activations.")
+            if p.grad.is_sparse:
+                raise ValueError(f"GradScaler: {where(gi, pi)} has a sparse gradient (unsupported)")
+            grads[p.grad.device][p.grad.dtype].append(p.grad)
         return grads
 
     def found_inf_flags(self, optimizer) -> list[torch.Tensor]:
