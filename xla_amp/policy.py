@@ -33,7 +33,7 @@ Policy file format (TOML)::
     default_dtype = "bfloat16"
     supported_dtypes = ["bfloat16"]
     [sources]                      # citation key -> document
-    "003" = "shared/seeds/003_... (PyTorch/XLA AMP, TPU lists)"
+    "003" = "PyTorch/XLA docs, 'Automatic Mixed Precision', https://...: TPU lists"
     [lower_precision_fp]           # one table per category
     "aten::matmul" = "003: __matmul__, matmul"       # op -> citation
     [banned]
