@@ -23,3 +23,28 @@ def assert_same(a, b, where="state"):
         assert isinstance(b, float) and math.isnan(b), where
     else:
         assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def clear_metrics():
+    """Reset torch_xla's metrics once earlier executions have landed
+    (executions are counted when they finish)."""
+    import torch_xla.core.xla_model as xm
+    import torch_xla.debug.metrics as met
+    xm.wait_device_ops()
+    met.clear_all()
+
+
+def count(metric: str) -> int:
+    """How often `metric` (ExecuteTime, CompileTime, TransferFromDeviceTime)
+    was recorded since the last clear, after pending executions finished."""
+    import torch_xla.core.xla_model as xm
+    import torch_xla.debug.metrics as met
+    xm.wait_device_ops()
+    data = met.metric_data(metric)
+    return 0 if data is None else data[0]
+
+
+def hlo(*tensors) -> str:
+    """The HLO text of the graph that computes `tensors`."""
+    import torch_xla
+    return torch_xla._XLAC._get_xla_tensors_hlo(list(tensors))

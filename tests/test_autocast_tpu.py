@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch_xla
 
-from op_cases import CASES, build, outputs
+from helpers_op_cases import CASES, build, outputs
 from xla_amp import autocast, policies
 
 TPU = policies.get("tpu")

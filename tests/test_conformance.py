@@ -1,6 +1,6 @@
 """Small valid calls for every op the cuda, cpu, xpu and hpu policies name.
 
-Extends tests/op_cases.py (the TPU cases) with the ops the other policies
+Extends tests/helpers_op_cases.py (the TPU cases) with the ops the other policies
 list. Keys are policy entry names or single overloads (``aten::pow.Scalar``);
 a policy entry is tested through every overload that has a case, or through
 its base name's case. Inputs are tiny: fp16/bf16 compute on XLA:CPU is slow.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from op_cases import CASES as TPU_CASES, Case
+from helpers_op_cases import CASES as TPU_CASES, Case
 
 aten = torch.ops.aten
 
@@ -372,7 +372,7 @@ CASES.update({
                             lambda x, g: F.grid_sample(x, g, align_corners=False)),
     "py::nll_loss": Case(lambda: [torch.log_softmax(_r(3, 5), 1)], F.nll_loss,
                          extra=lambda: [_idx(0, 4, 2)]),
-    # the aten op itself (op_cases' nll_loss goes through F.nll_loss)
+    # the aten op itself (helpers_op_cases' nll_loss goes through F.nll_loss)
     "aten::nll_loss": Case(lambda: [torch.log_softmax(_r(3, 5), 1)],
                            lambda x, t: aten.nll_loss(x, t), extra=lambda: [_idx(0, 4, 2)]),
     "aten::nll_loss2d": Case(lambda: [torch.log_softmax(_r(2, 3, 2, 2), 1)],

@@ -16,6 +16,8 @@ import torch
 import torch_xla
 
 import xla_amp
+
+from helpers import hlo
 from xla_amp import distributed
 
 HERE = Path(__file__).parent
@@ -25,7 +27,7 @@ MAX_ALL_REDUCE = re.compile(r"all-reduce\(.*to_apply=%MaxComputation")
 def _train(mode, tmp_path):
     out = tmp_path / f"{mode}.pt"
     env = {k: v for k, v in os.environ.items() if k != "CPU_NUM_DEVICES"}
-    r = subprocess.run([sys.executable, str(HERE / "dp_train.py"), "--mode", mode,
+    r = subprocess.run([sys.executable, str(HERE / "helpers_dp_train.py"), "--mode", mode,
                         "--out", str(out)], capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     return torch.load(out)
@@ -57,7 +59,7 @@ def _backward(model, device, scaler=None):
 
 
 def _hlo(tensors):
-    return torch_xla._XLAC._get_xla_tensors_hlo(list(tensors))
+    return hlo(*tensors)
 
 
 @pytest.fixture

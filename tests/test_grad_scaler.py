@@ -11,21 +11,11 @@ import torch_xla.debug.metrics as met
 import xla_amp
 from xla_amp import GradScaler, syncfree
 
+from helpers import clear_metrics as _clear_metrics, count as _count
+
 # finite (F) / overflow (O) pattern; growth_interval=3 makes the scale grow too
 PATTERN = "FFFFOFFFFFFOOFFFFFFF"
 INF = float("inf")
-
-
-def _clear_metrics():
-    # executions are counted when they finish: let earlier ones land first
-    xm.wait_device_ops()
-    met.clear_all()
-
-
-def _count(metric):
-    xm.wait_device_ops()
-    data = met.metric_data(metric)
-    return 0 if data is None else data[0]
 
 
 def _make(device, seed=0):

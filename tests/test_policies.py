@@ -14,6 +14,8 @@ import torch_xla
 
 import xla_amp
 from xla_amp import ops, policies
+
+from helpers import hlo
 from xla_amp.policy import CATEGORIES, load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -262,7 +264,7 @@ def test_default_overload_spelling():
 # ---- what the compiled graphs contain -------------------------------------------
 
 def _hlo(t):
-    return torch_xla._XLAC._get_xla_tensors_hlo([t])
+    return hlo(t)
 
 
 def test_cuda_float16_matmul_hlo(device):

@@ -13,6 +13,8 @@ import torch_xla.debug.metrics as met
 
 from xla_amp import syncfree
 
+from helpers import clear_metrics as _clear_metrics
+
 STEPS = 20
 SHAPES = [(5, 3), (7,), (4,)]
 
@@ -26,12 +28,6 @@ def sf(request):
     return types.SimpleNamespace(**{
         n: functools.partial(getattr(syncfree, n), fused=fused)
         for n in ("SGD", "Adam", "AdamW")})
-
-
-def _clear_metrics():
-    # executions are counted when they finish: let earlier ones land first
-    xm.wait_device_ops()
-    met.clear_all()
 
 
 def _init(seed=0):
