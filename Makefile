@@ -4,7 +4,7 @@ PY      := .venv/bin/python
 PIP     := .venv/bin/pip
 STAMP   := .venv/.requirements-installed
 EXT     := $(wildcard xla_amp/_C*.so)
-SOURCES := $(wildcard csrc/*.cpp csrc/*.h) setup.py
+SOURCES := $(wildcard csrc/*.cpp csrc/*/*.cpp csrc/*/*.h) setup.py
 export PJRT_DEVICE ?= CPU
 
 .PHONY: all venv build test zoo demo bench docs clean

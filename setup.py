@@ -17,7 +17,7 @@ setup(
     ext_modules=[
         CppExtension(
             name="xla_amp._C",
-            sources=sorted(glob.glob("csrc/*.cpp")),
+            sources=sorted(glob.glob("csrc/**/*.cpp", recursive=True)),
             extra_compile_args=["-O2", "-std=c++17"],
         )
     ],

@@ -1,50 +1,18 @@
-// Python bindings of the engine: xla_amp._C.
+// Python bindings of xla_amp._C: the autocast engine (csrc/autocast/) and the
+// sync-free optimizers' support (csrc/optimizer/). Bindings only.
 #include <torch/extension.h>
 
 #include <ATen/autocast_mode.h>
 
-#include "cast_category.h"
-#include "optimizer_inputs.h"
-#include "policy_table.h"
-#include "registration.h"
+#include "autocast/cast_category.h"
+#include "autocast/policy_table.h"
+#include "autocast/registration.h"
+#include "optimizer/optimizer_inputs.h"
 
 namespace py = pybind11;
 using xla_amp::CastCategory;
 using xla_amp::PolicyTable;
 
-namespace {
-
-// Builds a compiled policy from (slot, category, banned reason, append
-// target) rows; the Python Policy object validated the names already.
-std::shared_ptr<PolicyTable> compile_policy(
-    const std::string& name,
-    const std::vector<std::tuple<int, int, std::string, std::string>>& rows) {
-  auto table = std::make_shared<PolicyTable>();
-  table->name = name;
-  for (const auto& [slot, category, reason, append_target] : rows) {
-    TORCH_CHECK(slot >= 0 && category >= 0 &&
-                    category < static_cast<int>(xla_amp::kCategoryNames.size()),
-                "xla_amp: bad policy row (slot ", slot, ", category ", category,
-                ")");
-    if (slot >= static_cast<int>(table->category_of_slot.size())) {
-      table->category_of_slot.resize(slot + 1, CastCategory::kNone);
-    }
-    table->category_of_slot[slot] = static_cast<CastCategory>(category);
-    if (!reason.empty()) table->banned_reason.emplace(slot, reason);
-    if (!append_target.empty()) {
-      const auto sep = append_target.find('.');
-      const std::string op = append_target.substr(0, sep);
-      const std::string overload =
-          sep == std::string::npos ? "" : append_target.substr(sep + 1);
-      table->append_target.emplace(
-          slot, c10::Dispatcher::singleton().findSchemaOrThrow(op.c_str(),
-                                                               overload.c_str()));
-    }
-  }
-  return table;
-}
-
-}  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "xla_amp's native AutocastXLA engine";
@@ -75,7 +43,7 @@ PYBIND11_MODULE(_C, m) {
         return static_cast<int>(t.category(slot));
       });
 
-  m.def("compile_policy", &compile_policy, py::arg("name"), py::arg("rows"));
+  m.def("compile_policy", &xla_amp::compile_policy, py::arg("name"), py::arg("rows"));
 
   m.def("push_policy", [](std::shared_ptr<PolicyTable> t) {
     xla_amp::push_thread_policy(std::move(t));

@@ -28,11 +28,7 @@ CUDA_ONLY = {"aten::cudnn_convolution", "aten::cudnn_convolution_transpose",
 
 
 def _expanded(policy) -> dict[str, str]:
-    out = {}
-    for op, cat in sorted(policy.categories.items(), key=lambda kv: "." in kv[0]):
-        for o in ops.overloads(op):
-            out[o] = cat
-    return out
+    return policy.expanded()
 
 
 def test_builtin_names():

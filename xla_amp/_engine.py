@@ -39,13 +39,7 @@ def compile(policy: Policy) -> "_C.CompiledPolicy":
         table = _compiled.get(policy)
         if table is not None:
             return table
-        # Explicit overload entries beat their base name's expansion.
-        per_overload: dict[str, str] = {}
-        origin: dict[str, str] = {}
-        for op, cat in sorted(policy.categories.items(), key=lambda kv: "." in kv[0]):
-            for overload in ops.overloads(op):
-                per_overload[overload] = cat
-                origin[overload] = op
+        per_overload = policy.expanded()
         # XLA adaptations act only where the policy leaves the op uncast.
         adapted = {overload: kind
                    for op, kind in sorted(policy.adaptations.items(), key=lambda kv: "." in kv[0])
@@ -59,12 +53,17 @@ def compile(policy: Policy) -> "_C.CompiledPolicy":
         rows = []
         for name, slot in zip(names, slots):
             cat = per_overload[name]
-            reason = policy.banned_reasons.get(origin[name], "") if cat == "banned" else ""
+            reason = _banned_reason(policy, name) if cat == "banned" else ""
             target = ops.append_dtype_target(name) if cat == "fp32_append_dtype" else ""
             rows.append((slot, _CATEGORY_CODE[cat], reason, target))
         table = _C.compile_policy(policy.name, rows)
         _compiled[policy] = table
         return table
+
+
+def _banned_reason(policy: Policy, overload: str) -> str:
+    base = overload.split(".")[0]
+    return policy.banned_reasons.get(overload) or policy.banned_reasons.get(base, "")
 
 
 push_compiled = _C.push_policy  # push_compiled(compile(policy))

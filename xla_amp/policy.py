@@ -150,6 +150,16 @@ class Policy:
             return self.adaptations.get(f"{ns}::{base}")
         return None
 
+    def expanded(self) -> dict[str, str]:
+        """Every op overload this policy autocasts -> its category (an entry
+        ``ns::op`` stands for each functional overload; an explicit
+        ``ns::op.overload`` entry beats its base name's)."""
+        out: dict[str, str] = {}
+        for op, cat in sorted(self.categories.items(), key=lambda kv: "." in kv[0]):
+            for overload in ops.overloads(op):
+                out[overload] = cat
+        return out
+
     def ops_in(self, category: str) -> tuple[str, ...]:
         """The op names listed in `category`, sorted."""
         if category not in CATEGORIES:

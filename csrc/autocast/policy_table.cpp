@@ -1,5 +1,7 @@
 #include "policy_table.h"
 
+#include "op_name.h"
+
 #include <mutex>
 
 #include <c10/util/Exception.h>
@@ -70,6 +72,30 @@ void set_default_resolver(std::function<PolicyPtr()> resolver) {
 PolicyPtr default_policy() {
   std::lock_guard<std::mutex> lock(default_mutex);
   return default_table;
+}
+
+std::shared_ptr<PolicyTable> compile_policy(
+    const std::string& name,
+    const std::vector<std::tuple<int, int, std::string, std::string>>& rows) {
+  auto table = std::make_shared<PolicyTable>();
+  table->name = name;
+  for (const auto& [slot, category, reason, append_target] : rows) {
+    TORCH_CHECK(slot >= 0 && category >= 0 &&
+                    category < static_cast<int>(kCategoryNames.size()),
+                "xla_amp: bad policy row (slot ", slot, ", category ", category, ")");
+    if (slot >= static_cast<int>(table->category_of_slot.size())) {
+      table->category_of_slot.resize(slot + 1, CastCategory::kNone);
+    }
+    table->category_of_slot[slot] = static_cast<CastCategory>(category);
+    if (!reason.empty()) table->banned_reason.emplace(slot, reason);
+    if (!append_target.empty()) {
+      const OpName target = parse_op_name(append_target);
+      table->append_target.emplace(
+          slot, c10::Dispatcher::singleton().findSchemaOrThrow(
+                    target.qualified().c_str(), target.overload.c_str()));
+    }
+  }
+  return table;
 }
 
 }  // namespace xla_amp

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -50,5 +51,11 @@ PolicyPtr default_policy();
 // default yet: the default depends on the device's hardware, which is only
 // known once the XLA runtime is up, i.e. when an XLA tensor exists.
 void set_default_resolver(std::function<PolicyPtr()> resolver);
+
+// Builds a table from (slot, category code, banned reason, append target
+// "ns::op.overload") rows; the Python Policy validated the names already.
+std::shared_ptr<PolicyTable> compile_policy(
+    const std::string& name,
+    const std::vector<std::tuple<int, int, std::string, std::string>>& rows);
 
 }  // namespace xla_amp

@@ -159,17 +159,12 @@ const std::unordered_map<std::string, Registrar>& registrars() {
 
 }  // namespace
 
-bool register_typed_kernel(torch::Library& lib, const std::string& ns,
-                           const std::string& op_and_overload, int slot) {
-  auto it = registrars().find(ns + "::" + op_and_overload);
+bool register_typed_kernel(torch::Library& lib, const OpName& name, int slot) {
+  auto it = registrars().find(name.ns + "::" + name.name_and_overload());
   if (it == registrars().end()) return false;
-  const auto dot = op_and_overload.find('.');
-  const std::string op = op_and_overload.substr(0, dot);
-  const std::string overload =
-      dot == std::string::npos ? "" : op_and_overload.substr(dot + 1);
   auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(
-      (ns + "::" + op).c_str(), overload.c_str());
-  it->second(lib, op_and_overload, handle, slot);
+      name.qualified().c_str(), name.overload.c_str());
+  it->second(lib, name.name_and_overload(), handle, slot);
   return true;
 }
 

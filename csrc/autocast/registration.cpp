@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "autocast_kernel.h"
+#include "op_name.h"
 #include "typed_kernels.h"
 
 namespace xla_amp {
@@ -57,31 +58,22 @@ RegistrationResult register_ops(const std::vector<std::string>& names) {
       result.slots.push_back(found->second);
       continue;
     }
-    const auto sep = full.find("::");
-    TORCH_CHECK(sep != std::string::npos,
-                "xla_amp: op name '", full, "' lacks a namespace ('ns::op')");
-    const std::string ns = full.substr(0, sep);
-    const std::string op_and_overload = full.substr(sep + 2);
-    const auto dot = op_and_overload.find('.');
-    const std::string op = op_and_overload.substr(0, dot);
-    const std::string overload =
-        dot == std::string::npos ? "" : op_and_overload.substr(dot + 1);
-
-    auto existing = c10::Dispatcher::singleton().findOp({ns + "::" + op, overload});
+    const OpName name = parse_op_name(full);
+    auto existing = c10::Dispatcher::singleton().findOp({name.qualified(), name.overload});
     if (existing &&
         existing->hasKernelForDispatchKey(c10::DispatchKey::AutocastXLA)) {
       ++result.replaced;
     }
 
-    auto& lib = r.library_of_namespace[ns];
+    auto& lib = r.library_of_namespace[name.ns];
     if (!lib) {
       lib = std::make_unique<torch::Library>(
-          torch::Library::IMPL, ns, c10::DispatchKey::AutocastXLA, __FILE__,
+          torch::Library::IMPL, name.ns, c10::DispatchKey::AutocastXLA, __FILE__,
           __LINE__);
     }
     const int slot = static_cast<int>(r.names.size());
-    if (!register_typed_kernel(*lib, ns, op_and_overload, slot)) {
-      lib->impl(op_and_overload.c_str(),
+    if (!register_typed_kernel(*lib, name, slot)) {
+      lib->impl(name.name_and_overload().c_str(),
                 torch::CppFunction::makeFromBoxedFunctor(
                     std::make_unique<AutocastKernel>(slot)));
     }
