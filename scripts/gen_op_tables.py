@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 
-from xla_amp import policy as policy_mod  # noqa: E402
+from xla_amp.policies import _policy as policy_mod  # noqa: E402
 from xla_amp import policies  # noqa: E402
 
 OUT = ROOT / "docs" / "op_tables.md"

@@ -11,7 +11,7 @@ import torch_xla
 
 import xla_amp
 from xla_amp import policies
-from xla_amp.policy import Policy, load_adaptations
+from xla_amp.policies._policy import Policy, load_adaptations
 
 from test_xla_known_issues import hlo_dtype
 

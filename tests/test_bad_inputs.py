@@ -14,8 +14,8 @@ import torch_xla
 
 import xla_amp
 from xla_amp import GradScaler, _engine, policies, syncfree
-from xla_amp import env_overrides
-from xla_amp.policy import load as load_policy
+from xla_amp.policies import _env_overrides as env_overrides
+from xla_amp.policies._policy import load as load_policy
 
 from helpers import assert_same
 

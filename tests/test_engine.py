@@ -58,5 +58,5 @@ def test_plain_torch_autocast_default_follows_hardware():
 
 
 def test_engine_and_python_agree_on_categories():
-    from xla_amp.policy import ADAPTATIONS
+    from xla_amp.policies._policy import ADAPTATIONS
     assert set(xla_amp.CATEGORIES) | set(ADAPTATIONS) | {"none"} == set(_C.categories())

@@ -13,10 +13,10 @@ import torch
 import torch_xla
 
 import xla_amp
-from xla_amp import ops, policies
+from xla_amp import _ops as ops, policies
 
 from helpers import hlo
-from xla_amp.policy import CATEGORIES, load
+from xla_amp.policies._policy import CATEGORIES, load
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICY_DIR = ROOT / "xla_amp" / "policies"

@@ -9,15 +9,16 @@ import torch
 import torch_xla  # noqa: F401  (its AutocastXLA kernels must exist before ours)
 
 from xla_amp import _C  # noqa: F401
-from xla_amp import _engine, env_overrides, policies
+from xla_amp import _engine, policies
+from xla_amp.policies import _env_overrides
 from xla_amp.autocast import autocast, set_default_policy
 from xla_amp.custom_function import custom_bwd, custom_fwd
 from xla_amp.grad_scaler import GradScaler
 from xla_amp import syncfree
 from xla_amp.distributed import all_reduce_gradients, optimizer_step
-from xla_amp.policy import CATEGORIES, Policy
+from xla_amp.policies import CATEGORIES, Policy
 
-env_overrides.load_from_environment()
+_env_overrides.load_from_environment()
 _engine.install()
 
 __all__ = ["autocast", "set_default_policy", "custom_fwd", "custom_bwd", "policies", "Policy", "CATEGORIES", "GradScaler", "syncfree",

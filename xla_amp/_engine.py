@@ -16,14 +16,14 @@ import weakref
 
 import torch
 
-from xla_amp import _C, ops
-from xla_amp.policy import ADAPTATIONS, CATEGORIES, Policy
+from xla_amp import _C, _ops as ops
+from xla_amp.policies._policy import ADAPTATIONS, CATEGORIES, Policy
 
 log = logging.getLogger("xla_amp")
 
 _CATEGORY_CODE = {name: code for code, name in enumerate(_C.categories())}
 assert set(CATEGORIES) | set(ADAPTATIONS) <= set(_CATEGORY_CODE), \
-    "csrc/cast_category.h and policy.py disagree"
+    "csrc/autocast/cast_category.h and policies/_policy.py disagree"
 
 _lock = threading.Lock()
 _compiled: "weakref.WeakKeyDictionary[Policy, _C.CompiledPolicy]" = weakref.WeakKeyDictionary()

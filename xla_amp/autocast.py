@@ -19,7 +19,7 @@ import warnings
 import torch
 
 from xla_amp import _engine, policies
-from xla_amp.policy import Policy
+from xla_amp.policies._policy import Policy
 
 _warned: set[tuple[str, torch.dtype]] = set()
 

@@ -1,4 +1,6 @@
-"""The built-in policies, one TOML file each in this folder, and the registry.
+"""Policies: the `Policy` class (_policy.py), the built-in policy files (one
+TOML file each in this folder), environment overrides (_env_overrides.py)
+and the registry.
 
     policies.get("tpu")             # a Policy; also any name registered
     policies.names()                # the registered names
@@ -15,7 +17,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from xla_amp.policy import Policy, load, load_adaptations
+from xla_amp.policies._policy import (  # noqa: F401  (the policy concept, one package)
+    ADAPTATIONS, CATEGORIES, Policy, check_op_fits, load, load_adaptations)
 
 _DIR = Path(__file__).parent
 _ADAPTATIONS_FILE = _DIR / "_xla_adaptations.toml"
@@ -36,7 +39,7 @@ def names() -> list[str]:
 
 
 def _load_builtin(name: str) -> Policy:
-    from xla_amp import env_overrides  # late: needs the policy module only
+    from xla_amp.policies import _env_overrides as env_overrides  # late
     return env_overrides.apply(load(_DIR / f"{name}.toml"))
 
 

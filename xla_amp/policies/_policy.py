@@ -51,7 +51,7 @@ from typing import Iterable, Mapping
 
 import torch
 
-from xla_amp import ops
+from xla_amp import _ops as ops
 
 CATEGORIES = (
     "lower_precision_fp",

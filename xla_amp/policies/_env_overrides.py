@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from xla_amp import ops
-from xla_amp.policy import Policy, check_op_fits
+from xla_amp import _ops as ops
+from xla_amp.policies._policy import Policy, check_op_fits
 
 VARIABLES = {
     "XLA_AMP_LOWER_PRECISION_OPS_LIST": "lower_precision_fp",
