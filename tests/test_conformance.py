@@ -392,7 +392,7 @@ import pytest  # noqa: E402
 import torch_xla.core.xla_model as xm  # noqa: E402
 
 import xla_amp  # noqa: E402
-from xla_amp import ops, policies  # noqa: E402
+from xla_amp import _ops as ops, policies  # noqa: E402
 
 POLICIES = ("cuda", "cpu", "xpu", "hpu")
 LOW = torch.bfloat16

@@ -3,7 +3,8 @@ subprocess per model): no error, finite losses within 1 % of the fp32 run's,
 1 graph execution and 0 device-to-host transfers per step.
 
 `make test` runs a representative subset; `make zoo` (CI runs it too) the
-whole sweep: torchvision's ResNet-18/50, MobileNetV3-Small, EfficientNet-B0,
+rest of the sweep, and `make zoo-large` DenseNet-121 (too slow to compile
+for CI): torchvision's ResNet-18/50, MobileNetV3-Small, EfficientNet-B0,
 ConvNeXt-Tiny, DenseNet-121, RegNetY-400MF, ShuffleNetV2-x0.5, ViT-B/16 and a
 transformer encoder layer, each under tpu, cuda and cpu (bfloat16).
 
@@ -29,6 +30,7 @@ BF16 = ["tpu", "cuda", "cpu"]
 FULL = ["resnet18", "resnet50", "mobilenet_v3_small", "efficientnet_b0", "convnext_tiny",
         "densenet121", "regnet_y_400mf", "shufflenet_v2_x0_5", "vit_b_16", "transformer_layer"]
 SUBSET = ["resnet18", "mobilenet_v3_small", "transformer_layer"]
+LARGE = ["densenet121"]
 
 
 def sweep(model, variants, *extra, timeout=1500):
@@ -82,8 +84,18 @@ def test_model_trains_under_every_policy(model):
 
 
 @pytest.mark.zoo
-@pytest.mark.parametrize("model", [m for m in FULL if m not in SUBSET])
+@pytest.mark.parametrize("model", [m for m in FULL if m not in SUBSET + LARGE])
 def test_zoo_model_trains_under_every_policy(model):
+    _check(model)
+
+
+@pytest.mark.zoo_large
+@pytest.mark.parametrize("model", LARGE)
+def test_zoo_large_graph_model_trains_under_every_policy(model):
+    """`make zoo-large`, alone: DenseNet-121's step graph takes about 8
+    minutes per variant to compile on 2 cores (32 for the four), too long for
+    CI next to the rest; compiled next to another model's it ran the 24 GiB
+    machine out of memory (the process was killed)."""
     _check(model)
 
 
