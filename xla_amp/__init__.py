@@ -9,7 +9,7 @@ import torch
 import torch_xla  # noqa: F401  (its AutocastXLA kernels must exist before ours)
 
 from xla_amp import _C  # noqa: F401
-from xla_amp import _engine, policies
+from xla_amp import _dynamo, _engine, policies
 from xla_amp.policies import _env_overrides
 from xla_amp.autocast import autocast, set_default_policy
 from xla_amp.custom_function import custom_bwd, custom_fwd
@@ -20,6 +20,7 @@ from xla_amp.policies import CATEGORIES, Policy
 
 _env_overrides.load_from_environment()
 _engine.install()
+_dynamo.install()
 
 __all__ = ["autocast", "set_default_policy", "custom_fwd", "custom_bwd", "policies", "Policy", "CATEGORIES", "GradScaler", "syncfree",
            "all_reduce_gradients", "optimizer_step"]

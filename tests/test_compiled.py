@@ -1,0 +1,208 @@
+"""xla_amp under torch.compile(backend="openxla"): the region's policy, dtype
+and switches reach the trace; guards re-trace once per policy; graph breaks,
+nesting, the decorator form and bad arguments behave as eagerly."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+import torch.nn.functional as F
+from torch._dynamo.testing import CompileCounterWithBackend
+
+import xla_amp
+from xla_amp import _engine
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+    xla_amp.set_default_policy(None)
+
+
+def _ab(device):
+    torch.manual_seed(0)
+    return torch.randn(8, 16, device=device), torch.randn(16, 4, device=device)
+
+
+def _same(got, want):
+    assert got.dtype == want.dtype
+    assert torch.equal(got.cpu(), want.cpu())
+
+
+def test_region_policy_reaches_the_trace(device):
+    """log_softmax: fp32 under the tpu rules, bf16 under the cpu rules (the
+    device default on XLA:CPU) - the compiled graph follows the region."""
+    a, b = _ab(device)
+
+    def f(a, b, policy):
+        with xla_amp.autocast(device, policy=policy):
+            return F.log_softmax(a @ b, -1)
+    for policy, dtype in (("tpu", torch.float32), ("cpu", torch.bfloat16)):
+        eager = f(a, b, policy)
+        assert eager.dtype == dtype
+        _same(torch.compile(f, backend="openxla")(a, b, policy), eager)
+
+
+def test_policy_read_from_a_global_retraces_once_per_policy(device):
+    a, b = _ab(device)
+    cnt = CompileCounterWithBackend("openxla")
+    state = {"policy": "tpu"}
+
+    def f(a, b):
+        with xla_amp.autocast(device, policy=state["policy"]):
+            return F.log_softmax(a @ b, -1)
+    cf = torch.compile(f, backend=cnt)
+    for policy in ("tpu", "cpu", "tpu", "cpu", "cuda", "tpu"):
+        state["policy"] = policy
+        _same(cf(a, b), f(a, b))
+    assert cnt.frame_count == 3  # tpu, cpu, cuda: each traced once, then reused
+
+
+def test_overrides_object(device):
+    a, b = _ab(device)
+    p = xla_amp.policies.get("tpu").with_overrides(name="tpu-mm-fp32", fp32=["aten::mm", "aten::matmul"])
+
+    def f(a, b, p):
+        with xla_amp.autocast(device, policy=p):
+            return a @ b
+    assert f(a, b, p).dtype == torch.float32
+    _same(torch.compile(f, backend="openxla")(a, b, p), f(a, b, p))
+    _same(torch.compile(f, backend="openxla")(a, b, "tpu"), f(a, b, "tpu"))
+
+
+@pytest.mark.parametrize("how", ["outer_region", "set_default_policy"])
+def test_ambient_policy_is_guarded(device, how):
+    """No region inside: plain torch.autocast("xla") in the compiled code
+    follows the policy around the call; switching it re-traces once."""
+    a, b = _ab(device)
+    cnt = CompileCounterWithBackend("openxla")
+
+    def f(a, b):
+        with torch.autocast("xla"):
+            return F.log_softmax(a @ b, -1)
+    cf = torch.compile(f, backend=cnt)
+
+    def call(fn, policy):
+        if how == "outer_region":
+            with xla_amp.autocast(device, policy=policy, enabled=False):
+                return fn(a, b)
+        xla_amp.set_default_policy(policy)
+        return fn(a, b)
+    for policy, dtype in (("tpu", torch.float32), ("cpu", torch.bfloat16),
+                          ("tpu", torch.float32), ("cpu", torch.bfloat16)):
+        got, want = call(cf, policy), call(f, policy)
+        assert want.dtype == dtype
+        _same(got, want)
+    assert cnt.frame_count == 2
+
+
+def test_nested_and_disabled_regions(device):
+    a, b = _ab(device)
+
+    def f(a, b):
+        with xla_amp.autocast(device, policy="cpu"):
+            x = a @ b                                  # bf16
+            with xla_amp.autocast(device, policy="tpu"):
+                y = F.log_softmax(x.float() @ b.t() @ b, -1)  # tpu: log_softmax fp32
+                with xla_amp.autocast(device, enabled=False):
+                    z = a @ b                          # fp32: autocast off
+            w = F.log_softmax(x, -1)                   # back under cpu: bf16
+        return x, y, z, w
+    eager = f(a, b)
+    assert [t.dtype for t in eager] == [torch.bfloat16, torch.float32, torch.float32,
+                                        torch.bfloat16]
+    for g, w in zip(torch.compile(f, backend="openxla")(a, b), eager):
+        _same(g, w)
+
+
+def test_graph_break_keeps_the_policy_on_both_sides(device):
+    a, b = _ab(device)
+    cnt = CompileCounterWithBackend("openxla")
+
+    def f(a, b):
+        with xla_amp.autocast(device, policy="tpu"):
+            x = F.log_softmax(a @ b, -1)
+            torch._dynamo.graph_break()
+            y = F.log_softmax(a @ b, -1)
+        return x, y
+    eager = f(a, b)
+    got = torch.compile(f, backend=cnt)(a, b)
+    assert cnt.frame_count == 2
+    for g, w in zip(got, eager):
+        _same(g, w)
+        assert g.dtype == torch.float32  # tpu rules on both sides of the break
+
+
+def test_decorator_and_prebuilt_region(device):
+    a, b = _ab(device)
+
+    @xla_amp.autocast(device, policy="tpu")
+    def decorated(a, b):
+        return F.log_softmax(a @ b, -1)
+    region = xla_amp.autocast(device, policy="cuda", dtype=torch.bfloat16)
+
+    def uses_region(a, b):
+        with region:
+            return a.norm(dim=1)  # cuda rules: fp32_append_dtype -> fp32
+    for fn in (decorated, uses_region):
+        eager = fn(a, b)
+        assert eager.dtype == torch.float32
+        _same(torch.compile(fn, backend="openxla")(a, b), eager)
+
+
+def test_plain_torch_autocast_after_import(device):
+    a, b = _ab(device)
+
+    def f(a, b):
+        with torch.autocast("xla", dtype=torch.bfloat16):
+            return a @ b, F.log_softmax(a @ b, -1)
+    for g, w in zip(torch.compile(f, backend="openxla")(a, b), f(a, b)):
+        _same(g, w)
+
+
+def test_dynamic_shapes(device):
+    cnt = CompileCounterWithBackend("openxla")
+
+    def f(a, b):
+        with xla_amp.autocast(device, policy="tpu"):
+            return F.log_softmax(a @ b, -1)
+    cf = torch.compile(f, backend=cnt, dynamic=True)
+    for n in (4, 6, 9):
+        a, b = torch.randn(n, 16, device=device), torch.randn(16, 4, device=device)
+        _same(cf(a, b), f(a, b))
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(device="cpu"), "not an XLA device"),
+    (dict(device="xla", dtype=torch.int32), "dtype must be a floating"),
+    (dict(device="xla", policy="no-such-policy"), "no-such-policy"),
+])
+def test_bad_arguments_raise_the_eager_error(device, bad, match):
+    a, b = _ab(device)
+    kw = dict(bad)
+    dev = kw.pop("device")
+
+    def f(a, b):
+        with xla_amp.autocast(dev, **kw):
+            return a @ b
+    with pytest.raises(Exception, match=match):
+        f(a, b)
+    with pytest.raises(Exception, match=match):
+        torch.compile(f, backend="openxla")(a, b)
+    assert not torch.is_autocast_enabled("xla")
+    with pytest.raises((torch._dynamo.exc.Unsupported, ValueError), match=match):
+        torch.compile(f, backend="openxla", fullgraph=True)(a, b)
+
+
+def test_no_state_leaks_after_compiled_regions(device):
+    a, b = _ab(device)
+    before = _engine.active_policy_name()
+
+    def f(a, b):
+        with xla_amp.autocast(device, policy="tpu"):
+            return a @ b
+    torch.compile(f, backend="openxla")(a, b)
+    assert not torch.is_autocast_enabled("xla")
+    assert _engine.active_policy_name() == before
