@@ -23,7 +23,7 @@ def fresh_dynamo():
 
 def _ab(device):
     torch.manual_seed(0)
-    return torch.randn(8, 16, device=device), torch.randn(16, 4, device=device)
+    return torch.randn(8, 16).to(device), torch.randn(16, 4).to(device)
 
 
 def _same(got, want):
@@ -170,7 +170,7 @@ def test_dynamic_shapes(device):
             return F.log_softmax(a @ b, -1)
     cf = torch.compile(f, backend=cnt, dynamic=True)
     for n in (4, 6, 9):
-        a, b = torch.randn(n, 16, device=device), torch.randn(16, 4, device=device)
+        a, b = torch.randn(n, 16).to(device), torch.randn(16, 4).to(device)
         _same(cf(a, b), f(a, b))
 
 
@@ -206,3 +206,84 @@ def test_no_state_leaks_after_compiled_regions(device):
     torch.compile(f, backend="openxla")(a, b)
     assert not torch.is_autocast_enabled("xla")
     assert _engine.active_policy_name() == before
+
+
+class _MM(torch.autograd.Function):
+    """fp32 forward whatever the region (cast_inputs); backward autocast."""
+    @staticmethod
+    @xla_amp.custom_fwd(cast_inputs=torch.float32)
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a @ b
+
+    @staticmethod
+    @xla_amp.custom_bwd
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        return g @ b.t(), a.t() @ g
+
+
+class _AutocastMM(_MM):
+    """Forward and backward under the region's rules."""
+    @staticmethod
+    @xla_amp.custom_fwd
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a @ b
+
+
+@pytest.mark.parametrize("policy", ["tpu", "cpu"])
+def test_custom_fwd_bwd_compiled_in_one_graph(device, policy):
+    cnt = CompileCounterWithBackend("openxla")
+
+    def f(a, b):
+        with xla_amp.autocast(device, policy=policy):
+            x = a @ b
+            y, z = _MM.apply(x, b.t()), _AutocastMM.apply(a, b)
+        return y.float().sum() + z.float().sum(), y, z
+    results = []
+    for fn in (f, torch.compile(f, backend=cnt)):
+        torch.manual_seed(0)
+        a = torch.randn(4, 4).to(device).requires_grad_()
+        b = torch.randn(4, 4).to(device).requires_grad_()
+        out = fn(a, b)
+        out[0].backward()
+        results.append([*out, a.grad, b.grad])
+    assert [t.dtype for t in results[0][1:3]] == [torch.float32, torch.bfloat16]
+    for g, w in zip(results[1], results[0]):
+        _same(g, w)
+    assert cnt.frame_count == 1 and cnt.op_count > 0
+
+
+_lib = torch.library.Library("xla_amp_ctest", "DEF")
+_lib.define("scaled_mm(Tensor a, Tensor b, float scale) -> Tensor")
+_lib.impl("scaled_mm", lambda a, b, scale: torch.mm(a, b) * scale, "CompositeExplicitAutograd")
+
+
+@torch.library.custom_op("xla_amp_ctest::pair_dist", mutates_args=())
+def _pair_dist(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a - b).pow(2).sum(-1)
+
+
+@_pair_dist.register_fake
+def _(a, b):
+    return a.new_empty(a.shape[:-1])
+
+
+_lib.impl("scaled_mm", lambda a, b, scale: a.new_empty(a.shape[0], b.shape[1]), "Meta")
+
+
+def test_custom_ops_listed_by_a_policy_compiled(device):
+    p = xla_amp.policies.get("tpu").with_overrides(
+        name="tpu-custom", fp32=["xla_amp_ctest::pair_dist"],
+        lower_precision_fp=["xla_amp_ctest::scaled_mm"])
+    a, b = _ab(device)
+
+    def f(a, b):
+        with xla_amp.autocast(device, policy=p):
+            return (torch.ops.xla_amp_ctest.scaled_mm(a, b @ b.t(), 0.5),
+                    torch.ops.xla_amp_ctest.pair_dist(a.bfloat16(), a.bfloat16() + 1))
+    eager = f(a, b)
+    assert [t.dtype for t in eager] == [torch.bfloat16, torch.float32]
+    for g, w in zip(torch.compile(f, backend="openxla")(a, b), eager):
+        _same(g, w)

@@ -42,7 +42,11 @@ def custom_fwd(fwd=None, *, device_type: str = "xla", cast_inputs: torch.dtype |
 
     @functools.wraps(fwd)
     def forward(ctx, *args, **kwargs):
-        ctx._xla_amp_policy = _engine.active_policy() if device_type == "xla" else None
+        # Compiled (Dynamo traces this): the trace already runs under the
+        # region's policy, and a call into _C would break the graph.
+        ctx._xla_amp_policy = (_engine.active_policy()
+                               if device_type == "xla" and not torch.compiler.is_compiling()
+                               else None)
         return inner(ctx, *args, **kwargs)
 
     return forward
