@@ -84,6 +84,16 @@ def build(key, in_dtypes, make):
     return case, floats, extra
 
 
+def build_for(category, key, device):
+    """`build` on `device`, inputs in the dtypes that exercise `category`."""
+    return build(key, input_dtypes(category, len(CASES[key].inputs())), lambda t: t.to(device))
+
+
+def build_float32(key, device):
+    """`build` on `device`, every floating input in float32."""
+    return build(key, [torch.float32] * len(CASES[key].inputs()), lambda t: t.to(device))
+
+
 def tensors(result) -> list[torch.Tensor]:
     if isinstance(result, torch.Tensor):
         return [result]
@@ -116,8 +126,7 @@ def seed():
 
 
 def run_xla(device, policy, category, key, dtype):
-    case, floats, extra = build(key, input_dtypes(category, len(CASES[key].inputs())),
-                                 lambda t: t.to(device))
+    case, floats, extra = build_for(category, key, device)
     seed()
     with xla_amp.autocast(device, policy=policy, dtype=dtype):
         got = tensors(case.call(*floats, *extra))

@@ -19,9 +19,8 @@ import torch._dynamo
 import xla_amp
 from xla_amp import _engine
 
-from helpers_conformance import (LOW, NON_CONFORMANT, RANDOM, assert_bitwise, build,
-                                 input_dtypes, manual_cast, raw_params, tensors)
-from helpers_conformance_cases import CASES
+from helpers_conformance import (LOW, NON_CONFORMANT, RANDOM, assert_bitwise, build_float32,
+                                 build_for, manual_cast, raw_params, tensors)
 
 COMPILED_POLICIES = ("tpu", "cuda", "cpu")
 aten = torch.ops.aten
@@ -44,7 +43,7 @@ FUSION_ULPS = {"aten::multi_margin_loss", "aten::multilabel_margin_loss"}
 # held to 1e-6 of that decomposition compiled on hand-cast inputs. The cuda
 # rules' fp32 kernel for multilabel_margin_loss runs the op's C++ composite,
 # which reaches the same decomposition (compiled alone, that op is right): a
-# known deviation from eager, docs/compiled.md.
+# known deviation from eager, docs/engine.md "Compiled graphs".
 WRONG_DECOMPOSITION = {"aten::multilabel_margin_loss_forward"}
 _DECOMPOSED = lambda x, t: aten.multilabel_margin_loss_forward(x, t, 1)  # noqa: E731
 COMPILED_WRONG = {  # (policy, key) -> the compiled control
@@ -67,14 +66,10 @@ def _params():
 PARAMS = _params()
 
 
-def _inputs(device, category, key):
-    return build(key, input_dtypes(category, len(CASES[key].inputs())), lambda t: t.to(device))
-
-
-def _runner(device, policy, items, enabled=True):
+def _runner(device, policy, items):
     def run():
         outs = []
-        with xla_amp.autocast(device, policy=policy, dtype=LOW, enabled=enabled):
+        with xla_amp.autocast(device, policy=policy, dtype=LOW):
             for case, floats, extra in items:
                 outs.append(case.call(*floats, *extra))
         return outs
@@ -91,7 +86,7 @@ def _results(policy):
     out = {}
     for i in range(0, len(rows), CHUNK):
         chunk = rows[i:i + CHUNK]
-        items = [_inputs(device, cat, key) for key, cat in chunk]
+        items = [build_for(cat, key, device) for key, cat in chunk]
         run = _runner(device, policy, items)
         eager = run()
         torch._dynamo.reset()
@@ -108,8 +103,7 @@ def test_compiled_op_matches_eager(device, policy, entry, category, key):
     if key in RANDOM:
         return  # random draws: dtype only (as in the eager conformance tests)
     if (policy, key) in COMPILED_WRONG:
-        case, floats, extra = build(key, input_dtypes(category, len(CASES[key].inputs())),
-                                    lambda t: t.to(device))
+        case, floats, extra = build_for(category, key, device)
         floats = manual_cast(category, floats, LOW)
         control = COMPILED_WRONG[policy, key]
         eager = tensors(torch.compile(control, backend="openxla")(*floats, *extra))
@@ -126,8 +120,7 @@ def test_compiled_float32_wrong_values_pinned(device, key):
     """Without autocast or xla_amp's region the compiled op gives other values
     than eager (and than ATen on the CPU). When this fails the stack is fixed:
     drop the entry."""
-    case, floats, extra = build(key, [torch.float32] * len(CASES[key].inputs()),
-                                lambda t: t.to(device))
+    case, floats, extra = build_float32(key, device)
     eager = tensors(case.call(*floats, *extra))
     torch._dynamo.reset()
     compiled = tensors(torch.compile(case.call, backend="openxla")(*floats, *extra))
@@ -139,8 +132,7 @@ def test_no_compile_pinned_and_state_restored(device, key):
     """The stack cannot compile these in float32 without a region; under a
     region the same error reaches the user and no policy or autocast state
     is left behind by the failed trace."""
-    case, floats, extra = build(key, [torch.float32] * len(CASES[key].inputs()),
-                                lambda t: t.to(device))
+    case, floats, extra = build_float32(key, device)
     torch._dynamo.reset()
     with pytest.raises(Exception) as plain:
         torch.compile(case.call, backend="openxla")(*floats, *extra)
@@ -163,8 +155,7 @@ def test_banned_op_raises_at_trace_time(device, policy):
     if not banned:
         assert not xla_amp.policies.get(policy).ops_in("banned")
         return
-    case, floats, extra = build(banned[0], [torch.float32] * len(CASES[banned[0]].inputs()),
-                                lambda t: t.to(device))
+    case, floats, extra = build_float32(banned[0], device)
     torch._dynamo.reset()
     with pytest.raises(Exception, match="binary_cross_entropy"):
         torch.compile(_runner(device, policy, [(case, floats, extra)]), backend="openxla")()

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 import xla_amp
 
 from helpers_conformance import (CRASHES, LOW, NON_CONFORMANT, PARAMS, RAISES, RANDOM,
-                                 assert_bitwise, build, input_dtypes, run_xla, seed, tensors)
+                                 assert_bitwise, build, build_float32, input_dtypes, run_xla,
+                                 seed, tensors)
 from helpers_conformance_cases import CASES
 
 
@@ -25,8 +26,7 @@ def test_matches_manual_cast(device, policy, entry, category, key):
     if (policy, key) == ("cuda", "py::cross_entropy"):
         pytest.skip("not a single cast under CUDA rules: test_cuda_cross_entropy_composes_like_pytorch")
     if category == "banned":
-        case, floats, extra = build(key, [torch.float32] * len(CASES[key].inputs()),
-                                     lambda t: t.to(device))
+        case, floats, extra = build_float32(key, device)
         with pytest.raises(RuntimeError, match="binary_cross_entropy_with_logits"):
             with xla_amp.autocast(device, policy=policy):
                 case.call(*floats, *extra)
@@ -167,8 +167,7 @@ def test_non_conformant_pinned(device, policy, key):
                            capture_output=True, text=True, timeout=300)
         assert r.returncode < 0 and "torch.Size" not in r.stdout, (r.returncode, r.stdout)
         return
-    case, floats, extra = build(key, [torch.float32] * len(CASES[key].inputs()),
-                                 lambda t: t.to(device))
+    case, floats, extra = build_float32(key, device)
     exc, match = RAISES.get(key, (NotImplementedError, "Could not run"))
     with pytest.raises(exc, match=match):
         case.call(*floats, *extra)

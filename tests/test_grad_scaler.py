@@ -158,6 +158,18 @@ def test_disabled_passes_through(device):
     torch.testing.assert_close(model[0].weight.grad.cpu(), g)  # not unscaled
 
 
+def _restore(device, ckpt, seed):
+    """A fresh model (other init), syncfree.Adam and GradScaler loaded from a
+    {"model", "opt", "scaler"} checkpoint: what a resumed job builds."""
+    model = _make(device, seed=seed)
+    model.load_state_dict(ckpt["model"])
+    opt = syncfree.Adam(model.parameters(), lr=0.01)
+    opt.load_state_dict(ckpt["opt"])
+    scaler = GradScaler()
+    scaler.load_state_dict(ckpt["scaler"])
+    return model, opt, scaler
+
+
 def test_checkpoint_and_resume_bit_identical(device):
     data = _data()
     model = _make(device)
@@ -168,12 +180,7 @@ def test_checkpoint_and_resume_bit_identical(device):
                           "scaler": scaler.state_dict()})
     full = _train(model, opt, scaler, device, pattern=PATTERN[8:], data=data, start=8)
 
-    model2 = _make(device, seed=5)
-    model2.load_state_dict(ckpt["model"])
-    opt2 = syncfree.Adam(model2.parameters(), lr=0.01)
-    opt2.load_state_dict(ckpt["opt"])
-    scaler2 = GradScaler()
-    scaler2.load_state_dict(ckpt["scaler"])
+    model2, opt2, scaler2 = _restore(device, ckpt, seed=5)
     resumed = _train(model2, opt2, scaler2, device, pattern=PATTERN[8:], data=data, start=8)
     assert resumed == full
     assert scaler2.state_dict() == scaler.state_dict()

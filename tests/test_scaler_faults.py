@@ -13,7 +13,7 @@ import torch_xla
 
 from xla_amp import GradScaler, syncfree
 
-from test_grad_scaler import INF, _clear_metrics, _count, _data, _make, _train
+from test_grad_scaler import INF, _clear_metrics, _count, _data, _make, _restore, _train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -163,12 +163,7 @@ def _checkpoint_after(device, k):
 
 def _resume(device, blob, k):
     ck = torch.load(io.BytesIO(blob), weights_only=False)
-    model = _make(device, seed=9)
-    model.load_state_dict(ck["model"])
-    opt = syncfree.Adam(model.parameters(), lr=0.01)
-    opt.load_state_dict(ck["opt"])
-    scaler = GradScaler()
-    scaler.load_state_dict(ck["scaler"])
+    model, opt, scaler = _restore(device, ck, seed=9)
     rest = _train(model, opt, scaler, device, pattern=PATTERN[k:], start=k)
     return rest, [p.detach().cpu() for p in model.parameters()], scaler.skipped_steps()
 
