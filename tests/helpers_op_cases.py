@@ -64,6 +64,7 @@ CASES: dict[str, Case] = {
     "aten::log_softmax": Case(lambda: [_r(3, 5)], lambda x: torch.log_softmax(x, 1)),
     "aten::softmax": Case(lambda: [_r(3, 5)], lambda x: torch.softmax(x, 1)),
     "aten::_softmax": Case(lambda: [_r(3, 5)], lambda x: aten._softmax(x, 1, False)),
+    "aten::_safe_softmax": Case(lambda: [_r(3, 5)], lambda x: aten._safe_softmax(x, 1)),
     "aten::binary_cross_entropy": Case(
         lambda: [torch.rand(3, 4) * 0.8 + 0.1, torch.rand(3, 4)], F.binary_cross_entropy),
     "aten::binary_cross_entropy_with_logits": Case(

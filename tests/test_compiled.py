@@ -287,3 +287,36 @@ def test_custom_ops_listed_by_a_policy_compiled(device):
     assert [t.dtype for t in eager] == [torch.bfloat16, torch.float32]
     for g, w in zip(torch.compile(f, backend="openxla")(a, b), eager):
         _same(g, w)
+
+
+def _attention_and_grads(device, policy, masked, compiled):
+    torch.manual_seed(0)
+    qkv = [torch.randn(2, 4, 6, 8).to(device).requires_grad_() for _ in range(3)]
+    mask = torch.ones(6, 6, dtype=torch.bool).tril().to(device) if masked else None
+
+    def f(q, k, v):
+        with xla_amp.autocast(device, policy=policy or "tpu", enabled=policy is not None):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    out = (torch.compile(f, backend="openxla") if compiled else f)(*qkv)
+    grads = torch.autograd.grad(out, qkv, torch.ones_like(out))
+    return out.cpu(), [g.cpu() for g in grads]
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("policy", ["tpu", "cuda", "cpu", "hpu", "xpu"])
+def test_attention_compiled_matches_eager(device, policy, masked):
+    """scaled_dot_product_attention on XLA runs its math path, whose softmax
+    step (_safe_softmax) is an op of its own: eagerly its inner softmax gets
+    the policy's softmax rule, so the trace must see that rule too (under
+    the tpu rules it used not to: bf16 softmax compiled, fp32 eagerly).
+    Output bit for bit; gradients within compiling's own float32 gap."""
+    _, fp32 = _attention_and_grads(device, None, masked, False)
+    _, fp32_c = _attention_and_grads(device, None, masked, True)
+    fp32_gap = max((a - b).abs().max().item() for a, b in zip(fp32, fp32_c))
+    out, grads = _attention_and_grads(device, policy, masked, False)
+    out_c, grads_c = _attention_and_grads(device, policy, masked, True)
+    _same(out_c, out)
+    for g, gc in zip(grads, grads_c):
+        assert gc.dtype == g.dtype
+        gap = (g - gc).abs().max().item()
+        assert gap <= 4 * fp32_gap + 1e-6 * g.abs().max().item(), (gap, fp32_gap)

@@ -1,64 +1,38 @@
-"""Real models compiled (forward + loss + backward through
-torch.compile(backend="openxla")) match the lazy run under the tpu and cpu
-rules: the loss bit for bit, every gradient in dtype and to within what
-compiling already changes in float32 (PyTorch's decompositions of the
-backward ops differ from PyTorch/XLA's lowerings in the last bits; that
-float32 difference is measured in the same test)."""
+"""Real models compiled (forward + loss through torch.compile(backend=
+"openxla"), backward after it) match the lazy run under the tpu and cpu
+rules, bit for bit: the loss and every gradient. The lazy run syncs after
+the forward, as the compiled forward is a graph of its own: XLA rounds bf16
+values differently when a graph is cut elsewhere (excess precision,
+docs/engine.md), so without that cut gradients differ in the last bf16 bits
+(ResNet-18 under tpu: up to 1.3 % of a layer's largest gradient, compiled
+and lazy-with-cut alike). Each model and policy runs in a process of its
+own (tests/helpers_compiled_models.py)."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
-import torch
-import torch._dynamo
-import torch.nn as nn
-import torch.nn.functional as F
 
-import xla_amp
-
-
-def _mnist_cnn():
-    return nn.Sequential(
-        nn.Conv2d(1, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(8, 16, 3), nn.BatchNorm2d(16), nn.ReLU(), nn.Flatten(),
-        nn.Linear(16 * 11 * 11, 32), nn.ReLU(), nn.Linear(32, 10))
+HERE = os.path.dirname(os.path.abspath(__file__))
+# The MNIST CNN with BatchNorm, torchvision's ResNet-18 on 32x32 images, a
+# transformer encoder layer (attention, LayerNorm) over 16 tokens.
+MODELS = ["mnist_cnn", "resnet18", "transformer_layer"]
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 
-MODELS = {
-    "mnist_cnn": (_mnist_cnn, (4, 1, 28, 28)),
-    # resnet18 and a transformer block: next (issue #13 note) - the block's
-    # compiled loss differed from lazy by 1e-4 under tpu, not yet diagnosed.
-}
-
-
-def _grads(model, device, policy, compiled):
-    torch.manual_seed(0)
-    x = torch.randn(*MODELS[model][1]).to(device)
-    y = torch.randint(0, 10, (x.shape[0],)).to(device)
-    torch.manual_seed(1)
-    net = MODELS[model][0]().to(device)
-
-    def loss_fn(x, y):
-        with xla_amp.autocast(device, policy=policy or "tpu", enabled=policy is not None):
-            return F.cross_entropy(net(x), y)
-    if compiled:
-        torch._dynamo.reset()
-        loss_fn = torch.compile(loss_fn, backend="openxla")
-    loss = loss_fn(x, y)
-    loss.backward()
-    return loss.detach().cpu(), [p.grad.cpu() for p in net.parameters()]
-
-
-@pytest.mark.parametrize("model", sorted(MODELS))
-def test_compiled_model_matches_lazy(device, model):
-    base_loss, base = _grads(model, device, None, False)
-    _, base_c = _grads(model, device, None, True)
-    fp32_gap = max((a - b).abs().max().item() for a, b in zip(base, base_c))
-    for policy in ("tpu", "cpu"):
-        loss, grads = _grads(model, device, policy, False)
-        loss_c, grads_c = _grads(model, device, policy, True)
-        assert loss_c.dtype == loss.dtype == torch.float32
-        assert torch.equal(loss_c, loss), (policy, loss_c, loss)
-        assert not torch.equal(loss, base_loss)  # autocast really changed the numbers
-        for i, (g, gc) in enumerate(zip(grads, grads_c)):
-            assert gc.dtype == g.dtype
-            gap = (g - gc).abs().max().item()
-            assert gap <= 4 * fp32_gap + 1e-6 * g.abs().max().item(), (policy, i, gap, fp32_gap)
+@pytest.mark.parametrize("policy", ["tpu", "cpu"])
+@pytest.mark.parametrize("model", MODELS)
+def test_compiled_model_matches_lazy(model, policy):
+    env = dict(os.environ, PJRT_DEVICE="CPU", XLA_FLAGS=FAST_COMPILE)
+    env.pop("CPU_NUM_DEVICES", None)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(HERE, "helpers_compiled_models.py"), model, policy],
+        capture_output=True, text=True, env=env, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.splitlines()[-1])
+    assert r["loss_dtypes"] == ["torch.float32", "torch.float32"]
+    assert r["loss_compiled"] == r["loss"], r
+    assert r["grads_equal"] == r["grads"], r

@@ -196,6 +196,36 @@ def test_imagenet_resnet_trains_under_every_policy(policy):
     assert "1.00 graph executions/step" in summary(proc, "XLA")
 
 
+def _executions(proc):
+    return float(re.search(r"([\d.]+) graph executions/step", summary(proc, "XLA")).group(1))
+
+
+def test_mnist_compile_flag():
+    """--compile: forward + loss through torch.compile(backend="openxla"),
+    the rest lazily; still no host sync in a step (the one read per
+    --log_steps aside) and the same loss as the lazy run to bf16 rounding."""
+    args = [*MNIST_TINY, "--max_steps", 8, "--policy", "tpu"]
+    runs = [launch("train_mnist_amp.py", *args, *extra) for extra in ([], ["--compile"])]
+    for proc in runs:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "forward + loss compiled" in runs[1].stdout
+    assert "forward + loss compiled" not in runs[0].stdout
+    # forward, its grad input, backward, the rest (lazy: all in one)
+    assert [_executions(p) for p in runs] == [1.0, 4.0]
+    syncs = [re.search(r"([\d.]+) host syncs/step", summary(p, "XLA")).group(1) for p in runs]
+    assert syncs[0] == syncs[1]
+    losses = [float(re.search(r"train loss ([\d.]+)", p.stdout).group(1)) for p in runs]
+    assert losses[1] == pytest.approx(losses[0], rel=2e-2), losses
+
+
+def test_imagenet_compile_flag():
+    proc = launch("train_imagenet_amp.py", "--model", "resnet18", "--image_size", 32,
+                  "--batch_size", 2, "--max_steps", 2, "--num_classes", 10, "--compile")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "forward + loss compiled" in proc.stdout
+    assert 4 <= _executions(proc) <= 5  # first step: also the optimizer state's creation
+
+
 def test_imagenet_image_folder_run(tmp_path):
     _image_folder(tmp_path / "data")
     proc = launch("train_imagenet_amp.py", "--datadir", tmp_path / "data",

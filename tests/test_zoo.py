@@ -2,7 +2,7 @@
 subprocess per model): no error, finite losses within 1 % of the fp32 run's,
 1 graph execution and 0 device-to-host transfers per step.
 
-`make test` runs a representative subset; `make zoo` (CI runs it too) the
+`make test` runs a representative subset; `make zoo` (CI runs it after it) the
 rest of the sweep, and `make zoo-large` DenseNet-121 (too slow to compile
 for CI): torchvision's ResNet-18/50, MobileNetV3-Small, EfficientNet-B0,
 ConvNeXt-Tiny, DenseNet-121, RegNetY-400MF, ShuffleNetV2-x0.5, ViT-B/16 and a

@@ -27,6 +27,9 @@ def define_flags(*, batch_size: int, num_epochs: int, lr: float, optimizer: str 
                       "bfloat16 on TPU and CPU, float16 on GPU).")
     flags.DEFINE_enum("policy", None, sorted(policies.names()),
                       "Autocast policy (op lists) to apply (default: the device's).")
+    flags.DEFINE_bool("compile", False, "Compile the forward pass and the loss with "
+                      "torch.compile(backend='openxla'); the backward, GradScaler and "
+                      "optimizer run lazily after it (docs/compiled.md).")
     flags.DEFINE_enum("optimizer", optimizer, list(OPTIMIZERS), "Optimizer.")
     flags.DEFINE_bool("syncfree", True, "Use xla_amp.syncfree optimizers (the step is "
                       "skipped on overflow inside the graph); --nosyncfree uses torch.optim, "

@@ -7,7 +7,7 @@
 One training step::
 
     with xla_amp.autocast(device):             # bf16 (or fp16) where the policy says
-        loss = F.cross_entropy(model(x), y)
+        loss = F.cross_entropy(model(x), y)    # (--compile: these two lines compiled)
     scaler.scale(loss).backward()              # xla_amp.GradScaler
     scaler.step(optimizer)                     # xla_amp.syncfree.SGD/Adam/AdamW: no host sync
     scaler.update()
@@ -52,6 +52,7 @@ class Run:
     optimizer: object
     scaler: object
     autocast_kw: dict
+    forward_loss: Callable                  # (x, y) -> (logits, loss), maybe compiled
     compat: dict
     position: dict
     total_steps: int
@@ -81,6 +82,19 @@ def make_optimizer(params, name: str, syncfree: bool, lr: float, momentum: float
     if name == "adam":
         return ns.Adam(params, lr=lr, weight_decay=weight_decay)
     return ns.AdamW(params, lr=lr, weight_decay=weight_decay or 1e-2)
+
+
+def make_forward_loss(model, device, autocast_kw: dict, compile: bool) -> Callable:
+    """``(x, y) -> (logits, loss)`` under autocast; compiled with --compile."""
+    import torch
+    import torch.nn.functional as F
+    import xla_amp
+
+    def forward_loss(x, y):
+        with xla_amp.autocast(device, **autocast_kw):
+            logits = model(x)
+            return logits, F.cross_entropy(logits, y)
+    return torch.compile(forward_loss, backend="openxla") if compile else forward_loss
 
 
 def learning_rate(base: float, step: int, total: int, schedule: str, warmup: int) -> float:
@@ -140,7 +154,8 @@ def setup(task: Task, devices: Devices) -> Run:
     if FLAGS.logdir:
         from torch.utils.tensorboard import SummaryWriter
         writer = SummaryWriter(FLAGS.logdir)
-    run = Run(task, devices, model, optimizer, scaler, autocast_kw, compat, position,
+    forward_loss = make_forward_loss(model, dev, autocast_kw, FLAGS.compile)
+    run = Run(task, devices, model, optimizer, scaler, autocast_kw, forward_loss, compat, position,
               task.train.steps_per_epoch * FLAGS.num_epochs, writer, t_start,
               global_step=position["global_step"])
     run.stop = bool(FLAGS.max_steps) and run.global_step >= FLAGS.max_steps
@@ -163,6 +178,8 @@ def _print_header(run: Run) -> None:
                      "dtype/policy (see warning); fp32 + GradScaler")
     else:
         precision = "fp32"
+    if FLAGS.compile:
+        precision += "; forward + loss compiled (torch.compile, openxla)"
     opt_desc = (f"{'xla_amp.syncfree' if FLAGS.syncfree else 'torch.optim'}."
                 f"{type(run.optimizer).__name__}(lr={FLAGS.lr:g}"
                 + (f", momentum={FLAGS.momentum:g}" if FLAGS.optimizer == "sgd" else "")
@@ -180,20 +197,16 @@ def _print_header(run: Run) -> None:
 
 
 def train_step(run: Run, x, y) -> None:
-    """One step: one graph execution, no transfer."""
+    """One step: one graph execution (--compile: five), no transfer."""
     import torch
-    import torch.nn.functional as F
     import torch_xla
-    import xla_amp
     dev = run.devices.device
     lr = learning_rate(FLAGS.lr, run.global_step, run.total_steps, FLAGS.lr_schedule,
                        FLAGS.warmup_steps)
     for group in run.optimizer.param_groups:
         group["lr"] = lr                  # a graph input, not a constant: no recompile
     run.optimizer.zero_grad(set_to_none=True)
-    with xla_amp.autocast(dev, **run.autocast_kw):
-        logits = run.model(x)
-        loss = F.cross_entropy(logits, y)
+    logits, loss = run.forward_loss(x, y)
     run.scaler.scale(loss).backward()
     run.scaler.step(run.optimizer)
     run.scaler.update()

@@ -1,0 +1,82 @@
+"""One real model, lazy against compiled (forward + loss through
+torch.compile(backend="openxla"), backward after it), under no autocast and
+the tpu and cpu rules; run as a script, one process per model (XLA:CPU's
+code memory does not take many large compilations in one process):
+
+    python tests/helpers_compiled_models.py resnet18 tpu   # one JSON line
+
+("none": no autocast). The line holds the loss of both runs, their dtypes,
+how many gradients are bit-equal, and the largest difference;
+tests/test_compiled_models.py asserts on it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ.setdefault("PJRT_DEVICE", "CPU")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))
+
+import torch  # noqa: E402
+import torch._dynamo  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import torch_xla  # noqa: E402
+
+import xla_amp  # noqa: E402
+import zoo  # noqa: E402  (benchmarks/zoo.py: the model zoo's builders)
+
+def mnist_cnn():
+    return nn.Sequential(
+        nn.Conv2d(1, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(8, 16, 3), nn.BatchNorm2d(16), nn.ReLU(), nn.Flatten(),
+        nn.Linear(16 * 11 * 11, 32), nn.ReLU(), nn.Linear(32, 10))
+
+
+def build(name):
+    """(model, input, targets) on the CPU, deterministic."""
+    if name == "mnist_cnn":
+        torch.manual_seed(0)
+        x, y = torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))
+        torch.manual_seed(1)
+        return mnist_cnn(), x, y
+    return zoo.build(name, batch=2, image=32)
+
+
+def loss_and_grads(name, policy, compiled, cut=False):
+    device = torch_xla.device()
+    model, x, y = build(name)
+    model, x, y = model.to(device), x.to(device), y.to(device)
+
+    def loss_fn(x, y):
+        with xla_amp.autocast(device, policy=policy or "tpu", enabled=policy is not None):
+            return F.cross_entropy(model(x), y)
+    if compiled:
+        torch._dynamo.reset()
+        loss_fn = torch.compile(loss_fn, backend="openxla")
+    loss = loss_fn(x, y)
+    if cut:  # the forward as a graph of its own, as a compiled forward is
+        torch_xla.sync()
+    loss.backward()
+    return loss.detach().cpu(), [p.grad.cpu() for p in model.parameters()]
+
+
+def compare(name, policy):
+    """Compiled against lazy with the forward as a graph of its own: that is
+    the graph cut a compiled forward makes, and where bf16 values are rounded
+    depends on the cut (XLA's excess precision, docs/engine.md)."""
+    loss, grads = loss_and_grads(name, policy, False, cut=True)
+    loss_c, grads_c = loss_and_grads(name, policy, True)
+    return {
+        "loss": loss.item(), "loss_compiled": loss_c.item(),
+        "loss_dtypes": [str(loss.dtype), str(loss_c.dtype)],
+        "grads": len(grads),
+        "grads_equal": sum(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(grads, grads_c)),
+        "grad_gap": max((a - b).abs().max().item() for a, b in zip(grads, grads_c)),
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(compare(sys.argv[1], None if sys.argv[2] == "none" else sys.argv[2])))
