@@ -56,6 +56,7 @@ demo: build
 bench: build
 	$(PY) benchmarks/trace_cost.py
 	$(PY) benchmarks/syncfree_step.py
+	$(PY) benchmarks/compiled_step.py
 	$(PY) benchmarks/allreduce_buckets.py
 	$(PY) benchmarks/peers.py
 	$(PY) benchmarks/zoo.py

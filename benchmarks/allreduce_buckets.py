@@ -30,11 +30,12 @@ import xla_amp  # noqa: E402
 
 
 class _Grads:
-    """An optimizer-shaped holder: param_groups whose params carry .grad."""
+    """Parameters of the model's shapes with fresh gradients, and an
+    optimizer over them (all_reduce_gradients takes a torch.optim.Optimizer)."""
 
     def __init__(self, shapes, device):
         self.params = [torch.nn.Parameter(torch.empty(0, device=device)) for _ in shapes]
-        self.param_groups = [{"params": self.params}]
+        self.optimizer = torch.optim.SGD(self.params, lr=0.0)
         self.shapes = shapes
         self.device = device
 
@@ -52,7 +53,7 @@ def per_tensor(holder):
 
 
 def bucketed(holder):
-    xla_amp.all_reduce_gradients(holder, scale=1.0)
+    xla_amp.all_reduce_gradients(holder.optimizer, scale=1.0)
 
 
 def measure(fn, holder, iters):
