@@ -32,7 +32,6 @@ import os
 import re
 import statistics
 import sys
-import time
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 
@@ -40,30 +39,28 @@ import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import torch_xla  # noqa: E402
-import torch_xla.core.xla_model as xm  # noqa: E402
-import torch_xla.debug.metrics as met  # noqa: E402
 
 import xla_amp  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from syncfree_step import MNISTNet  # noqa: E402
+import syncfree_step  # noqa: E402  (its model and its per-round measurement)
 
 PATHS = ("lazy", "compiled", "whole")
 SCALER = dict(init_scale=2.0 ** 16, growth_interval=4)
-METRICS = ("ExecuteTime", "TransferFromDeviceTime", "CompileTime")
 
 
 def _frames() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
-class Path:
-    """One compared training loop; ``measure(n)`` runs n more steps."""
+class Path(syncfree_step.Path):
+    """One compared training loop; ``measure(n)`` (syncfree_step's: time,
+    executions, transfers, compilations) runs n more steps."""
 
     def __init__(self, name, args, dev, data):
         torch.manual_seed(0)
         self.name, self.dev, self.data = name, dev, data
-        self.model = MNISTNet().to(dev)
+        self.model = syncfree_step.MNISTNet().to(dev)
         opt_cls = getattr(xla_amp.syncfree, args.optimizer)
         kw = dict(lr=args.lr, momentum=0.9) if args.optimizer == "SGD" else dict(lr=args.lr)
         self.opt = opt_cls(self.model.parameters(), **kw)
@@ -76,7 +73,7 @@ class Path:
         elif name == "whole":
             self.step_fn = torch.compile(self._step, backend="openxla")
         self.i = 0
-        self.counts = dict.fromkeys(METRICS, 0)
+        self.counts = dict.fromkeys(("ExecuteTime", "TransferFromDeviceTime", "CompileTime"), 0)
         self.recompiles = 0
         self.warmup_graphs = 0
         self.breaks: collections.Counter = collections.Counter()
@@ -111,18 +108,9 @@ class Path:
         self.breaks = collections.Counter(torch._dynamo.utils.counters["graph_break"]) - before
 
     def measure(self, n):
-        xm.wait_device_ops()
-        met.clear_all()
         frames = _frames()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            self.train_step()
-        xm.wait_device_ops()
-        self.ms.append((time.perf_counter() - t0) * 1e3 / n)
+        super().measure(n)
         self.recompiles += _frames() - frames
-        for k in METRICS:
-            data = met.metric_data(k)
-            self.counts[k] += 0 if data is None else data[0]
 
 
 def run_batch(args, dev, batch):

@@ -309,7 +309,8 @@ def test_attention_compiled_matches_eager(device, policy, masked):
     step (_safe_softmax) is an op of its own: eagerly its inner softmax gets
     the policy's softmax rule, so the trace must see that rule too (under
     the tpu rules it used not to: bf16 softmax compiled, fp32 eagerly).
-    Output bit for bit; gradients within compiling's own float32 gap."""
+    Output bit for bit; gradients within the float32 run's compiled-vs-eager
+    gap (the backward's graphs are cut elsewhere: docs/engine.md)."""
     _, fp32 = _attention_and_grads(device, None, masked, False)
     _, fp32_c = _attention_and_grads(device, None, masked, True)
     fp32_gap = max((a - b).abs().max().item() for a, b in zip(fp32, fp32_c))

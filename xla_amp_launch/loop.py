@@ -197,7 +197,7 @@ def _print_header(run: Run) -> None:
 
 
 def train_step(run: Run, x, y) -> None:
-    """One step: one graph execution (--compile: five), no transfer."""
+    """One step: one graph execution (--compile: four), no transfer."""
     import torch
     import torch_xla
     dev = run.devices.device
