@@ -6,6 +6,7 @@
 
 #include "autocast/cast_category.h"
 #include "autocast/policy_table.h"
+#include "autocast/region.h"
 #include "autocast/registration.h"
 #include "optimizer/optimizer_inputs.h"
 
@@ -49,6 +50,13 @@ PYBIND11_MODULE(_C, m) {
     xla_amp::push_thread_policy(std::move(t));
   });
   m.def("pop_policy", &xla_amp::pop_thread_policy);
+  m.def("enter_region", [](std::shared_ptr<PolicyTable> t, bool enabled,
+                           at::ScalarType dtype, bool cache_enabled) {
+    xla_amp::enter_region(std::move(t), enabled, dtype, cache_enabled);
+  }, py::arg("table"), py::arg("enabled"), py::arg("dtype"), py::arg("cache_enabled"),
+  "Policy push + XLA autocast state of torch.amp.autocast.__enter__, one call.");
+  m.def("exit_region", &xla_amp::exit_region,
+        "Undoes the calling thread's latest enter_region.");
   m.def("policy_depth", &xla_amp::thread_policy_depth);
   m.def("set_default_policy", [](std::shared_ptr<PolicyTable> t) {
     xla_amp::set_default_policy(std::move(t));

@@ -213,3 +213,66 @@ def test_set_default_policy_public(device):
     finally:
         xla_amp.set_default_policy(None)
     assert "set_default_policy" in xla_amp.__all__
+
+
+def test_recursive_decorator_restores_state(device, mats):
+    """One region object entered again before it exits (a decorated
+    recursive function): each exit restores what its own enter saw."""
+    a, b = mats
+    seen = []
+
+    @autocast(device, policy="tpu")
+    def descend(depth):
+        seen.append((torch.is_autocast_enabled("xla"), _C.policy_depth(), torch.mm(a, b).dtype))
+        if depth:
+            descend(depth - 1)
+        seen.append((torch.is_autocast_enabled("xla"), _C.policy_depth()))
+
+    descend(2)
+    assert [s[:2] for s in seen] == [(True, 1), (True, 2), (True, 3), (True, 3), (True, 2),
+                                     (True, 1)]
+    assert {s[2] for s in seen if len(s) == 3} == {torch.bfloat16}
+    assert not torch.is_autocast_enabled("xla")
+    assert _C.policy_depth() == 0
+    assert torch.get_autocast_dtype("xla") == torch.bfloat16  # torch's default for xla
+
+
+def test_rebuilt_region_checks_its_arguments_again(device, mats):
+    """Regions are built once per argument set; an equal-but-different
+    argument (enabled=1 after enabled=True) is still refused, and a policy
+    registered again under a name takes effect for new regions."""
+    a, b = mats
+    with autocast(device, enabled=True, policy="tpu"):
+        pass
+    with pytest.raises(ValueError, match="enabled must be a bool, got 1"):
+        autocast(device, enabled=1, policy="tpu")
+    with pytest.raises(ValueError, match="cache_enabled must be a bool, got 1"):
+        autocast(device, cache_enabled=1, policy="tpu")
+    first = policies.get("tpu").with_overrides(name="rebuilt-test", fp32=["aten::mm"])
+    second = policies.get("tpu").with_overrides(name="rebuilt-test")
+    policies.register(first, replace=True)
+    with autocast(device, policy="rebuilt-test"):
+        assert torch.mm(a, b).dtype == torch.float32
+    policies.register(second, replace=True)
+    with autocast(device, policy="rebuilt-test") as region:
+        assert torch.mm(a, b).dtype == torch.bfloat16
+    assert region.policy is second
+
+
+def test_export_records_the_region(device):
+    """torch.export's pre-dispatch trace sees the region as torch.autocast's
+    (a wrap_with_autocast node), and leaves no state behind."""
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            with autocast(device, policy="tpu"):
+                y = self.fc(x)
+            return y.relu()
+
+    ep = torch.export.export(Net(), (torch.randn(2, 4),))
+    targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+    assert "wrap_with_autocast" in targets
+    assert not torch.is_autocast_enabled("xla") and _C.policy_depth() == 0

@@ -41,7 +41,7 @@ import torch
 import torch.fx
 
 from xla_amp import _engine
-from xla_amp.autocast import autocast
+from xla_amp.autocast import _tell_pre_dispatch_mode, autocast
 from xla_amp.policies._policy import Policy
 
 _lock = threading.Lock()
@@ -215,7 +215,8 @@ def install() -> None:
 
     # Eager code around a graph break builds and enters regions: never
     # compile those frames on their own (a half-built region is not one).
-    for fn in (autocast.__init__, autocast.__enter__, autocast.__exit__, _region, _enter, _exit):
+    for fn in (autocast.__init__, autocast._build, autocast.__enter__, autocast.__exit__,
+               _tell_pre_dispatch_mode, _region, _enter, _exit):
         skip_code(fn.__code__)
     builder.VariableBuilder._wrap = functools.wraps(_wrap)(wrap)
     output_graph.OutputGraph.init_ambient_guards = functools.wraps(_ambient)(init_ambient_guards)

@@ -2,6 +2,9 @@
 
     compile(policy)  -> CompiledPolicy   (registers kernels for its ops once)
     push_compiled(table) / pop()          the calling thread's active policy
+    enter_region(table, enabled, dtype, cache_enabled) / exit_region()
+                                          push/pop plus torch.amp.autocast's
+                                          XLA state changes, one call each
     install()                             at import: take over AutocastXLA
 
 On `install()` the engine registers its kernel for every op PyTorch/XLA
@@ -68,6 +71,8 @@ def _banned_reason(policy: Policy, overload: str) -> str:
 
 push_compiled = _C.push_policy  # push_compiled(compile(policy))
 pop = _C.pop_policy
+enter_region = _C.enter_region
+exit_region = _C.exit_region
 active_policy = _C.active_policy  # the calling thread's compiled policy, or None
 collect_grads = _C.collect_grads  # the sync-free optimizers' per-step pass
 

@@ -4,13 +4,17 @@
     with autocast(device, policy="cuda"):        # another system's rules
     @autocast(device)                            # decorator
 
-Algorithm (enter)::
+Algorithm::
 
-    policy = policy arg | policies.for_hardware(xla_device_hw(device))
-    dtype  = dtype arg  | policy.default_dtype
-    if dtype not in policy.supported_dtypes: warn once, enabled = False
-    push policy on this thread's stack; torch.autocast("xla", dtype) enters
-    (exit: torch.autocast exits, the policy stack pops; also on exceptions)
+    build:  (same arguments as a region built before -> reuse its checked state)
+            policy = policy arg | policies.for_hardware(xla_device_hw(device))
+            dtype  = dtype arg  | policy.default_dtype
+            if dtype not in policy.supported_dtypes: warn once, enabled = False
+    enter:  one native call: save the thread's XLA autocast state, push the
+            policy on this thread's stack, set enabled/dtype/cache, nest
+            (torch.export's pre-dispatch trace is told, as for torch.autocast)
+    exit:   one native call: restore what that enter saved, pop; also on
+            exceptions, and per entry when one object is entered recursively
 """
 from __future__ import annotations
 
@@ -22,6 +26,14 @@ from xla_amp import _engine, policies
 from xla_amp.policies._policy import Policy
 
 _warned: set[tuple[str, torch.dtype]] = set()
+
+# Regions built before: the arguments (types included, so enabled=1 is not
+# enabled=True) and the registry generation -> the checked instance state.
+# A training loop builds the same region every step; this skips the checks,
+# the policy lookup and torch.amp.autocast's own __init__ (half the cost of
+# a region, measured by benchmarks/trace_cost.py).
+_built: dict[tuple, tuple] = {}
+_BUILT_MAX = 64
 
 
 def _xla_device(device) -> torch.device:
@@ -74,6 +86,25 @@ class autocast(torch.amp.autocast):
 
     def __init__(self, device, enabled: bool = True, dtype: torch.dtype | None = None,
                  cache_enabled: bool = True, policy: str | Policy | None = None):
+        try:
+            key = (device, type(device), enabled, type(enabled), dtype, cache_enabled,
+                   type(cache_enabled), policy, type(policy), policies._generation)
+            built = _built.get(key)
+        except TypeError:  # an unhashable argument: the checks below name it
+            key = built = None
+        if built is not None:
+            # attribute by attribute, in __init__'s order: the instance keeps
+            # CPython's shared-key layout (a __dict__.update makes __enter__ slower)
+            for name, value in built:
+                setattr(self, name, value)
+            return
+        self._build(device, enabled, dtype, cache_enabled, policy)
+        if key is not None and self._enabled == enabled:  # not a warned, disabled region
+            if len(_built) >= _BUILT_MAX:
+                _built.clear()
+            _built[key] = tuple(self.__dict__.items())
+
+    def _build(self, device, enabled, dtype, cache_enabled, policy):
         self.xla_device = _xla_device(device)
         for name, value in (("enabled", enabled), ("cache_enabled", cache_enabled)):
             if not isinstance(value, bool):
@@ -92,22 +123,39 @@ class autocast(torch.amp.autocast):
                 warnings.warn(
                     f"xla_amp.autocast: policy {self.policy.name!r} does not support "
                     f"{dtype} (supported: {', '.join(map(str, self.policy.supported_dtypes))});"
-                    " autocast is disabled for this region", stacklevel=2)
+                    " autocast is disabled for this region", stacklevel=3)
             enabled = False
             dtype = self.policy.default_dtype
         super().__init__("xla", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
         self._table = _engine.compile(self.policy)  # bad policies fail here, not on enter
 
+    # torch.amp.autocast's __enter__/__exit__ make eight calls into torch and
+    # read their saved state back from the instance; here one native call
+    # each does the same and keeps that state per thread (see region.h).
     def __enter__(self):
-        _engine.push_compiled(self._table)
-        try:
-            return super().__enter__()
-        except BaseException:
-            _engine.pop()
-            raise
+        _engine.enter_region(self._table, self._enabled, self.fast_dtype, self._cache_enabled)
+        if torch._C._is_torch_function_mode_enabled():
+            try:
+                _tell_pre_dispatch_mode(torch.amp._enter_autocast, (
+                    self.device, self.fast_dtype, self._enabled, self._cache_enabled))
+            except BaseException:
+                _engine.exit_region()
+                raise
+        return self
 
     def __exit__(self, exc_type, exc_val, exc_tb):
-        try:
-            return super().__exit__(exc_type, exc_val, exc_tb)
-        finally:
-            _engine.pop()
+        _engine.exit_region()
+        if torch._C._is_torch_function_mode_enabled():
+            _tell_pre_dispatch_mode(torch.amp._exit_autocast, ())
+        return False
+
+
+def _tell_pre_dispatch_mode(fn, args) -> None:
+    """torch.export's pre-dispatch tracing records autocast regions as graph
+    nodes: hand it the enter/exit as torch.amp.autocast does (only that mode
+    is told; other torch-function modes never see regions)."""
+    from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
+    for mode in torch.overrides._get_current_function_mode_stack():
+        if isinstance(mode, PreDispatchTorchFunctionMode):
+            mode.__torch_function__(fn, (), args)
+            return

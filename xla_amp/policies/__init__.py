@@ -28,6 +28,7 @@ HARDWARE_POLICY = {"TPU": "tpu", "NEURON": "tpu", "CUDA": "cuda", "CPU": "cpu"}
 
 _lock = threading.Lock()
 _registry: dict[str, Policy] = {}
+_generation = 0  # bumped by register(): what a name resolves to may have changed
 
 
 def builtin_names() -> list[str]:
@@ -87,7 +88,9 @@ def register(policy: Policy, *, replace: bool = False) -> None:
     with _lock:
         if policy.name in _registry and not replace:
             raise ValueError(f"a policy named {policy.name!r} is registered already")
+        global _generation
         _registry[policy.name] = policy
+        _generation += 1
 
 
 def for_hardware(hw: str) -> Policy:

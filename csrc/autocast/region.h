@@ -1,0 +1,19 @@
+#pragma once
+// Entering and leaving an xla_amp.autocast region, one native call each:
+// the region's policy goes on the thread's policy stack and the XLA autocast
+// state (enabled, dtype, weight-cache flag, nesting depth) changes as
+// torch.amp.autocast's __enter__/__exit__ change it. The state to restore is
+// kept here, per thread, so one region object may be entered recursively.
+#include <c10/core/ScalarType.h>
+
+#include "policy_table.h"
+
+namespace xla_amp {
+
+void enter_region(PolicyPtr table, bool enabled, at::ScalarType dtype,
+                  bool cache_enabled);
+// Restores what the matching enter_region saw; the weight cache is dropped
+// when the outermost autocast region (of any kind) closes.
+void exit_region();
+
+}  // namespace xla_amp
