@@ -7,7 +7,7 @@ conv-relu-conv-relu-maxpool-fc-relu-fc, same initial weights) with SGD
 (momentum 0.9) on the same batches of real handwritten digits:
 
   fp32 torch_xla   no autocast, torch.optim.SGD                       (baseline)
-  xla_amp          xla_amp.autocast (device policy, bf16) + xla_amp.GradScaler
+  xla_amp          xla_amp.autocast (device policy or --policy) + xla_amp.GradScaler
                    + xla_amp.syncfree.SGD                             (this project)
   torch.amp        stock torch.autocast("xla", bf16) + torch.amp.GradScaler("xla")
                    + torch.optim.SGD, in a process that never imports xla_amp
@@ -89,7 +89,7 @@ def run_torch(path: str, args) -> dict:
         scaler = xla_amp.GradScaler()
 
         def amp():
-            return xla_amp.autocast(dev)
+            return xla_amp.autocast(dev, policy=args.policy)
     elif path == "torch.amp":
         assert "xla_amp" not in sys.modules
         opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
@@ -215,6 +215,8 @@ def run_worker(path: str, args) -> dict:
            "--steps", str(args.steps), "--blocks", str(args.blocks),
            "--warmup", str(args.warmup), "--batch_size", str(args.batch_size),
            "--num_batches", str(args.num_batches)]
+    if args.policy:
+        cmd += ["--policy", args.policy]
     env = dict(os.environ, PJRT_DEVICE=os.environ.get("PJRT_DEVICE", "CPU"))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     for line in proc.stdout.splitlines():
@@ -273,6 +275,8 @@ def main():
     ap.add_argument("--paths", default=",".join(PATHS),
                     help=f"comma-separated subset of {', '.join(PATHS + ('jax_fp32',))}")
     ap.add_argument("--png", default=os.path.join(ROOT, "docs", "peers.png"))
+    ap.add_argument("--policy", default=None,
+                    help="xla_amp's policy (default: the device's; on XLA:CPU the cpu rules)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
