@@ -13,7 +13,8 @@ import torch_xla
 
 from xla_amp import GradScaler, syncfree
 
-from test_grad_scaler import INF, _clear_metrics, _count, _data, _make, _restore, _train
+from helpers import clear_metrics as _clear_metrics, count as _count
+from helpers_scaler import INF, _data, _make, _restore, _train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
