@@ -4,8 +4,10 @@ the tpu and cpu rules; run as a script, one process per model (XLA:CPU's
 code memory does not take many large compilations in one process):
 
     python tests/helpers_compiled_models.py resnet18 tpu   # one JSON line
+    python tests/helpers_compiled_models.py resnet18 cuda rules   # + module policies
 
-("none": no autocast). The line holds the loss of both runs, their dtypes,
+("none": no autocast; "rules": the model's RULES installed with
+xla_amp.module_policies). The line holds the loss of both runs, their dtypes,
 how many gradients are bit-equal, and the largest difference;
 tests/test_compiled_models.py asserts on it.
 """
@@ -35,6 +37,15 @@ def mnist_cnn():
         nn.Linear(16 * 11 * 11, 32), nn.ReLU(), nn.Linear(32, 10))
 
 
+# Module policies a user would give each model: norms (and the classifier)
+# in float32, attention under the cuda rules.
+RULES = {
+    "mnist_cnn": {nn.BatchNorm2d: "fp32", "10": "fp32"},
+    "resnet18": {nn.BatchNorm2d: "fp32", "fc": "fp32"},
+    "transformer_layer": {nn.LayerNorm: "fp32", "*self_attn": "cuda"},
+}
+
+
 def build(name):
     """(model, input, targets) on the CPU, deterministic."""
     if name == "mnist_cnn":
@@ -45,10 +56,12 @@ def build(name):
     return zoo.build(name, batch=2, image=32)
 
 
-def loss_and_grads(name, policy, compiled, cut=False):
+def loss_and_grads(name, policy, compiled, cut=False, rules=False):
     device = torch_xla.device()
     model, x, y = build(name)
     model, x, y = model.to(device), x.to(device), y.to(device)
+    if rules:
+        xla_amp.module_policies(model, RULES[name])
 
     def loss_fn(x, y):
         with xla_amp.autocast(device, policy=policy or "tpu", enabled=policy is not None):
@@ -63,12 +76,12 @@ def loss_and_grads(name, policy, compiled, cut=False):
     return loss.detach().cpu(), [p.grad.cpu() for p in model.parameters()]
 
 
-def compare(name, policy):
+def compare(name, policy, rules=False):
     """Compiled against lazy with the forward as a graph of its own: that is
     the graph cut a compiled forward makes, and where bf16 values are rounded
     depends on the cut (XLA's excess precision, docs/engine.md)."""
-    loss, grads = loss_and_grads(name, policy, False, cut=True)
-    loss_c, grads_c = loss_and_grads(name, policy, True)
+    loss, grads = loss_and_grads(name, policy, False, cut=True, rules=rules)
+    loss_c, grads_c = loss_and_grads(name, policy, True, rules=rules)
     return {
         "loss": loss.item(), "loss_compiled": loss_c.item(),
         "loss_dtypes": [str(loss.dtype), str(loss_c.dtype)],
@@ -79,4 +92,5 @@ def compare(name, policy):
 
 
 if __name__ == "__main__":
-    print(json.dumps(compare(sys.argv[1], None if sys.argv[2] == "none" else sys.argv[2])))
+    print(json.dumps(compare(sys.argv[1], None if sys.argv[2] == "none" else sys.argv[2],
+                             rules=sys.argv[3:] == ["rules"])))

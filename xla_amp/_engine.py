@@ -71,6 +71,7 @@ def _banned_reason(policy: Policy, overload: str) -> str:
 
 push_compiled = _C.push_policy  # push_compiled(compile(policy))
 pop = _C.pop_policy
+policy_depth = _C.policy_depth  # regions open on the calling thread
 enter_region = _C.enter_region
 exit_region = _C.exit_region
 active_policy = _C.active_policy  # the calling thread's compiled policy, or None

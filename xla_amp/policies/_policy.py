@@ -71,6 +71,10 @@ def _frozen(d: Mapping) -> Mapping:
     return types.MappingProxyType(dict(d))
 
 
+def _unpickle(fields: dict) -> "Policy":
+    return Policy(**fields)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Policy:
     """An immutable autocast policy. Identity equality: policies are values
@@ -114,6 +118,13 @@ class Policy:
         object.__setattr__(self, "adaptations", _frozen(self.adaptations))
         object.__setattr__(self, "uncast", _frozen(
             {op: why for op, why in self.uncast.items() if op not in self.categories}))
+
+    def __reduce__(self):
+        # Pickled as its fields (a saved model whose module_policies name it);
+        # loading builds an equal policy, checked again.
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return (_unpickle, ({k: dict(v) if isinstance(v, Mapping) else v
+                             for k, v in fields.items()},))
 
     def category(self, op: str) -> str | None:
         """The category of `op` (``ns::name`` or ``ns::name.overload``), or None.

@@ -1,0 +1,182 @@
+"""Per-module policies: parts of a model get their own precision, without
+editing the model (what Haiku/jmp's per-module policies do).
+
+    handle = xla_amp.module_policies(model, {nn.LayerNorm: "fp32",
+                                             "blocks.*.attn": "cuda",
+                                             "head": my_policy})
+    with xla_amp.autocast(device):
+        loss = loss_fn(model(x), y)
+    handle.remove()
+
+Rules are an ordered mapping. A key is an ``nn.Module`` subclass (matches
+its instances) or a glob on the qualified module name (``fnmatch``: ``*``
+matches any characters, dots included). A value is a policy name, a
+`Policy`, or ``"fp32"``: the module's floating inputs are cast to float32
+and no op inside it is cast (its region's policy lists no op), outputs left
+as computed.
+
+Algorithm::
+
+    install: every rule checked (nothing installed on a bad one); each
+             module gets the first rule that matches it (its forward is
+             wrapped); a rule matching no module warns, naming it; each rule
+             builds its regions now, one per dtype its policy supports
+    call of a ruled module:
+        autocast enabled for XLA here?  (an xla_amp.autocast region, or a
+                                          module rule's, is open)
+            no  -> run forward untouched (outside autocast nothing changes)
+            yes -> "fp32": cast floating inputs to float32
+                   with the rule's region for the enclosing dtype (or its
+                   policy's default dtype if the policy does not support it):
+                       run forward          (left also on exceptions)
+    a module without a rule runs inside its parent's region (inherits)
+
+Everything on the call path is plain Python over prebuilt regions, so
+Dynamo traces it: a compiled model gets the same casts (`_dynamo.py` turns
+each region into policy push/pop nodes). Backward runs on what the
+forward's casts recorded, so every gradient takes its forward's dtypes;
+`custom_bwd` functions get the module's policy.
+"""
+from __future__ import annotations
+
+import fnmatch
+import warnings
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from xla_amp import policies
+from xla_amp.autocast import autocast
+from xla_amp.policies._policy import Policy
+
+FP32 = "fp32"
+# The policy of an "fp32" rule: autocast stays on (nested rules still apply,
+# the XLA adaptations still fix mixed-precision lowerings), no op is cast.
+NO_CASTS = Policy(name="fp32", default_dtype=torch.bfloat16,
+                  supported_dtypes=(torch.bfloat16, torch.float16), categories={},
+                  description="module_policies' fp32 rule: no op is cast")
+
+
+def _check_rules(rules) -> list[tuple[object, Policy | str]]:
+    if not isinstance(rules, Mapping):
+        raise TypeError(f"module_policies: rules must be a mapping (key -> policy), "
+                        f"got {type(rules).__name__}")
+    checked = []
+    for key, value in rules.items():
+        if isinstance(key, str):
+            pass
+        elif not (isinstance(key, type) and issubclass(key, nn.Module)):
+            raise ValueError(f"module_policies: rule key {key!r} is neither an nn.Module "
+                             "subclass nor a glob on module names")
+        if isinstance(value, Policy) or value == FP32:
+            target = value
+        elif isinstance(value, str):
+            try:
+                target = policies.get(value)
+            except ValueError as e:
+                raise ValueError(f"module_policies: rule {_label(key)}: {e}") from None
+        else:
+            raise ValueError(f"module_policies: rule {_label(key)}: value {value!r} is not a "
+                             f"policy name, a Policy or {FP32!r}")
+        checked.append((key, target))
+    return checked
+
+
+def _label(key) -> str:
+    return key.__name__ if isinstance(key, type) else repr(key)
+
+
+def _matches(key, name: str, module: nn.Module) -> bool:
+    if isinstance(key, str):
+        return fnmatch.fnmatchcase(name, key)
+    return isinstance(module, key)
+
+
+class _RuledForward:
+    """Replaces a ruled module's ``forward`` (an instance attribute, removed
+    again by the handle)."""
+
+    def __init__(self, module: nn.Module, target: Policy | str):
+        self.module = module
+        self.target = target
+        self.previous = module.__dict__.get("forward")  # an earlier instance forward
+        self._build_regions()
+
+    def _build_regions(self):
+        policy = NO_CASTS if self.target == FP32 else self.target
+        # The device only names the device type: autocast state is per type.
+        self.regions = {dtype: autocast("xla:0", dtype=dtype, policy=policy)
+                        for dtype in policy.supported_dtypes}
+        self.fallback = self.regions[policy.default_dtype]
+
+    def __call__(self, *args, **kwargs):
+        if not torch.is_autocast_enabled("xla"):
+            return self._forward(args, kwargs)
+        if self.target == FP32:
+            args, kwargs = _to_float32((args, kwargs))
+        with self.regions.get(torch.get_autocast_dtype("xla"), self.fallback):
+            return self._forward(args, kwargs)
+
+    def _forward(self, args, kwargs):
+        if self.previous is not None:
+            return self.previous(*args, **kwargs)
+        return type(self.module).forward(self.module, *args, **kwargs)
+
+    def __getstate__(self):  # regions hold the engine's tables: rebuilt on load
+        return {k: v for k, v in self.__dict__.items() if k not in ("regions", "fallback")}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._build_regions()
+
+
+def _to_float32(tree):
+    def cast(t):
+        return t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+    return torch.utils._pytree.tree_map(cast, tree)
+
+
+class ModulePolicyHandle:
+    """What `module_policies` installed; `remove()` takes it all out."""
+
+    def __init__(self, wrapped: list[_RuledForward], ruled: dict[str, str]):
+        self._wrapped = wrapped
+        self.ruled = ruled  # qualified module name -> its policy's name, or "fp32"
+
+    def remove(self) -> None:
+        """Restores every ruled module's forward. Call it once."""
+        for w in reversed(self._wrapped):
+            if w.previous is None:
+                w.module.__dict__.pop("forward", None)
+            else:
+                w.module.forward = w.previous
+        self._wrapped = []
+
+
+def module_policies(model: nn.Module, rules) -> ModulePolicyHandle:
+    """Installs per-module policies on `model`; see the module docstring.
+    Call it once, before training (and before torch.compile); the rules act
+    inside every autocast region for XLA until ``handle.remove()``."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"module_policies: expected an nn.Module, got {type(model).__name__}")
+    checked = _check_rules(rules)
+    chosen: dict[str, tuple[nn.Module, Policy | str]] = {}
+    used = set()
+    for name, module in model.named_modules():
+        for i, (key, target) in enumerate(checked):
+            if _matches(key, name, module):
+                chosen[name] = (module, target)
+                used.add(i)
+                break
+    for i, (key, _) in enumerate(checked):
+        if i not in used:
+            warnings.warn(f"module_policies: rule {_label(key)} matches no module of "
+                          f"{type(model).__name__}", stacklevel=2)
+    wrapped = []
+    for module, target in chosen.values():
+        w = _RuledForward(module, target)
+        module.forward = w
+        wrapped.append(w)
+    return ModulePolicyHandle(wrapped, {n: t if t == FP32 else t.name
+                                        for n, (_, t) in chosen.items()})
