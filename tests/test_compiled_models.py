@@ -36,3 +36,21 @@ def test_compiled_model_matches_lazy(model, policy):
     assert r["loss_dtypes"] == ["torch.float32", "torch.float32"]
     assert r["loss_compiled"] == r["loss"], r
     assert r["grads_equal"] == r["grads"], r
+
+
+@pytest.mark.parametrize("model,policy", [("transformer_layer", "tpu"),
+                                          ("transformer_layer", "cuda"), ("resnet18", "cuda")])
+def test_compiled_model_with_module_policies_matches_lazy(model, policy):
+    """Module policies (norms and the classifier in fp32, attention under
+    the cuda rules; helpers_compiled_models.RULES) compiled: bit-equal to
+    the lazy run, as without rules."""
+    env = dict(os.environ, PJRT_DEVICE="CPU", XLA_FLAGS=FAST_COMPILE)
+    env.pop("CPU_NUM_DEVICES", None)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(HERE, "helpers_compiled_models.py"), model, policy,
+         "rules"], capture_output=True, text=True, env=env, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.splitlines()[-1])
+    assert r["loss_dtypes"] == ["torch.float32", "torch.float32"]
+    assert r["loss_compiled"] == r["loss"], r
+    assert r["grads_equal"] == r["grads"], r

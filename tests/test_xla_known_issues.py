@@ -70,3 +70,17 @@ def test_remainder_mixed_mislabelled(device):
     assert torch.remainder(a, b).dtype == torch.float32  # eager, CPU
     y = torch.remainder(a.to(device), b.to(device))
     assert y.dtype == torch.bfloat16 and hlo_dtype(y) == torch.float32
+
+
+def test_unscale_bf16_grads_mixed_multiply(device):
+    """torch._amp_foreach_non_finite_check_and_unscale_ on bf16 gradients
+    (bf16 weights, xla_amp.cast_module) multiplies them by the f32 inverse
+    scale without a convert: XLA refuses the graph. xla_amp.GradScaler
+    unscales such gradients in f32 (grad_scaler.py); drop that once this
+    test fails."""
+    grads = [torch.randn(4, 4).bfloat16().to(device)]
+    found = torch.zeros((), device=device)
+    torch._amp_foreach_non_finite_check_and_unscale_(grads, found, torch.tensor(0.5).to(device))
+    assert grads[0].dtype == torch.bfloat16
+    hlo = torch_xla._XLAC._get_xla_tensors_hlo(grads)
+    assert re.search(r"f32\[4,4\]\S* multiply\(bf16\[4,4\]", hlo), hlo

@@ -176,8 +176,13 @@ class GradScaler(ScalerStateDict):
             for device, per_dtype in grads.items():
                 f = torch.zeros((), dtype=torch.float32, device=device)
                 inv = inv_scale.to(device)
-                for gs in per_dtype.values():
-                    torch._amp_foreach_non_finite_check_and_unscale_(gs, f, inv)
+                for dtype, gs in per_dtype.items():
+                    # bf16: PyTorch/XLA's lowering multiplies bf16 by f32, which XLA
+                    # rejects (test_xla_known_issues.py): unscale in f32, round once
+                    wide = gs if dtype == torch.float32 else [g.float() for g in gs]
+                    torch._amp_foreach_non_finite_check_and_unscale_(wide, f, inv)
+                    if wide is not gs:
+                        torch._foreach_copy_(gs, wide)
                 found[device] = f
         st.found_inf_per_device = found
         st.stage = OptState.UNSCALED

@@ -35,7 +35,7 @@ import torch
 import torch.optim.optimizer as _torch_optimizer
 
 from xla_amp import _engine
-from xla_amp.syncfree import _fused
+from xla_amp.syncfree import _fused, _low_precision
 from xla_amp.syncfree._scalars import DeviceScalars, Skip as _Skip
 from xla_amp.syncfree._state_dict import TorchOptimStateDict
 
@@ -86,7 +86,8 @@ class SyncFreeOptimizer(DeviceScalars, TorchOptimStateDict, torch.optim.Optimize
 
     # Group keys every torch.optim namesake fills in for old pickles.
     _GROUP_DEFAULTS = {"maximize": False, "foreach": None, "differentiable": False,
-                       "fused": None}
+                       "fused": None, "master_weights": False, "stochastic_rounding": False,
+                       "state_dtype": None}
 
     def __setstate__(self, state):
         super().__setstate__(state)
@@ -109,7 +110,7 @@ class SyncFreeOptimizer(DeviceScalars, TorchOptimStateDict, torch.optim.Optimize
         try:
             device = self._check_devices()
             group = self.param_groups[-1]
-            if group.get("fused"):
+            if group.get("fused") and not _low_precision.applies(group, group["params"]):
                 odd = next(((pi, p.dtype, None) for pi, p in enumerate(group["params"])
                             if p.dtype is not torch.float32), None)
                 self._fused_or_raise(len(self.param_groups) - 1, group, odd)
@@ -191,10 +192,15 @@ class SyncFreeOptimizer(DeviceScalars, TorchOptimStateDict, torch.optim.Optimize
                 loss = closure()
         # Checked for all groups before any update, so bad input changes nothing.
         work = self._collect(device)
+        for gi, group, params, _, _ in work:
+            _low_precision.check(self, gi, group, params)
         skip = _Skip(found_inf, device)
         lineage = self._lineage
         for gi, group, params, grads, fused in work:
-            self._update_group(gi, group, skip, params, grads, fused)
+            if _low_precision.applies(group, params):  # bf16 params, master or SR
+                fused = _low_precision.step(self, gi, group, skip, params, grads)
+            else:
+                self._update_group(gi, group, skip, params, grads, fused)
             if fused:  # the op advanced their counters: forget the lineages
                 for p in params:  # (unknown history is always safe)
                     lineage.pop(p, None)
@@ -229,6 +235,8 @@ class SyncFreeOptimizer(DeviceScalars, TorchOptimStateDict, torch.optim.Optimize
             if first_other >= 0:
                 p = plist[first_other]
                 odd = (first_other, p.dtype, p.grad.dtype)
+                if p.grad.dtype == p.dtype and _low_precision.applies(group, [p]):
+                    odd = None  # widened to float32 for its update
             fused = bool(params) and self._fused_or_raise(gi, group, odd)
             if not fused:  # one portable update for the whole group
                 params, grads = params + other_params, grads + other_grads

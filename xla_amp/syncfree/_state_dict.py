@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from xla_amp.syncfree import _low_precision
+
 
 class TorchOptimStateDict:
     """Mixin of SyncFreeOptimizer: ``state_dict`` / ``load_state_dict`` in
@@ -25,6 +27,11 @@ class TorchOptimStateDict:
             # run fused=True on XLA, so the twin must not inherit it
             if group.get("fused"):
                 group["fused"] = None
+            # the low-precision options appear only when used: a default
+            # optimizer writes exactly its torch.optim twin's format
+            if not any(group.get(k) for k in _low_precision.KEYS):
+                for k in _low_precision.KEYS:
+                    group.pop(k, None)
         # super() shares the live per-parameter dicts; build new ones.
         items = [(k, dict(v)) for k, v in sd["state"].items()]
         host = self._host_values([v for _, v in items])
@@ -34,17 +41,20 @@ class TorchOptimStateDict:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict of this optimizer or of its ``torch.optim`` twin;
         state tensors move to the parameters' device. Each group keeps the
-        ``fused`` choice this optimizer was built with.
+        ``fused``, ``master_weights``, ``stochastic_rounding`` and
+        ``state_dtype`` choices this optimizer was built with.
 
         Every state entry is checked against its parameter first (a tensor
         of the parameter's shape, floating; ``step`` one number): a bad one
         raises ``ValueError`` naming the group, index, key, expected and got,
         and the optimizer is left as it was."""
         self._check_loaded_state(state_dict)
-        fused = [g.get("fused") for g in self.param_groups]
+        kept = ("fused",) + _low_precision.KEYS  # how this optimizer was built to run
+        choices = [{k: g.get(k) for k in kept} for g in self.param_groups]
         super().load_state_dict(state_dict)
-        for group, choice in zip(self.param_groups, fused):
-            group["fused"] = choice
+        for group, choice in zip(self.param_groups, choices):
+            group.update(choice)
+        _low_precision.keep_loaded_dtypes(self, state_dict)
         self._lineage.clear()
         self._loaded_lineages: dict[Any, int] = {}  # loaded counter value -> lineage
         for p, st in list(self.state.items()):

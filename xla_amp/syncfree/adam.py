@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from xla_amp.syncfree import _fused
+from xla_amp.syncfree import _fused, _low_precision
 from xla_amp.syncfree._base import SyncFreeOptimizer
 
 
@@ -79,13 +79,16 @@ class Adam(SyncFreeOptimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=0.0, amsgrad=False, *, foreach=None, maximize=False,
                  capturable=False, differentiable=False, fused=None,
-                 decoupled_weight_decay=False):
+                 decoupled_weight_decay=False, master_weights=False,
+                 stochastic_rounding=False, state_dtype=None):
         _check_adam_args(type(self).__name__, lr, betas, eps, weight_decay,
                          differentiable, fused, foreach)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         amsgrad=amsgrad, maximize=maximize, foreach=foreach,
                         capturable=capturable, differentiable=False, fused=fused,
-                        decoupled_weight_decay=decoupled_weight_decay)
+                        decoupled_weight_decay=decoupled_weight_decay,
+                        **_low_precision.options(type(self).__name__, master_weights,
+                                                 stochastic_rounding, state_dtype))
         super().__init__(params, defaults)
 
     _GROUP_DEFAULTS = {**SyncFreeOptimizer._GROUP_DEFAULTS, "amsgrad": False,
@@ -109,7 +112,7 @@ class Adam(SyncFreeOptimizer):
         states = []
         for p in params:
             state = self.state[p]
-            if len(state) == 0:
+            if "step" not in state:  # (a master copy may be there already)
                 state["step"] = torch.zeros((), dtype=torch.float32, device=dev)
                 self._lineage[p] = 0  # fresh: step 0
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
@@ -216,3 +219,6 @@ class Adam(SyncFreeOptimizer):
                 step = torch.tensor(float(step))
             self._lineage[p] = self._loaded_lineage(float(step))
             state["step"] = step.detach().reshape(()).to(dtype=torch.float32, device=p.device)
+
+
+Adam.__doc__ += _low_precision.OPTIONS_DOC

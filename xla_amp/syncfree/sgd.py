@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from xla_amp.syncfree import _fused
+from xla_amp.syncfree import _fused, _low_precision
 from xla_amp.syncfree._base import SyncFreeOptimizer
 
 _READY = "momentum_buffer_ready"  # internal key, never in a state dict
@@ -51,7 +51,8 @@ class SGD(SyncFreeOptimizer):
 
     def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0,
                  weight_decay=0.0, nesterov=False, *, maximize=False,
-                 foreach=None, differentiable=False, fused=None):
+                 foreach=None, differentiable=False, fused=None, master_weights=False,
+                 stochastic_rounding=False, state_dtype=None):
         if isinstance(lr, torch.Tensor) and lr.numel() != 1:
             raise ValueError("SGD: a tensor lr must have one element")
         if lr < 0.0:
@@ -69,7 +70,9 @@ class SGD(SyncFreeOptimizer):
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
                         weight_decay=weight_decay, nesterov=nesterov,
                         maximize=maximize, foreach=foreach,
-                        differentiable=False, fused=fused)
+                        differentiable=False, fused=fused,
+                        **_low_precision.options("SGD", master_weights, stochastic_rounding,
+                                                 state_dtype))
         super().__init__(params, defaults)
 
     _GROUP_DEFAULTS = {**SyncFreeOptimizer._GROUP_DEFAULTS, "nesterov": False}
@@ -157,3 +160,6 @@ class SGD(SyncFreeOptimizer):
         elif _READY not in state:  # a loaded buffer is in use: ready
             state[_READY] = torch.ones((), dtype=torch.float32, device=p.device)
             self._lineage[p] = self._loaded_lineage("ready")
+
+
+SGD.__doc__ += _low_precision.OPTIONS_DOC

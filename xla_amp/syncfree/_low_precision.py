@@ -1,0 +1,199 @@
+"""Low-precision (bf16) parameters trained without losing small updates:
+an fp32 master copy (``master_weights=True``) or stochastic rounding
+(``stochastic_rounding=True``), for every sync-free optimizer and both of
+its paths.
+
+Algorithm, per step, for the parameters p that are not float32 in a group
+that asks for either (float32 parameters: nothing changes)::
+
+    widen:   w = state["master"]  (master; made from p on its first step)
+               | float32(p)       (stochastic rounding)
+             p.data = w; g = float32(grad); state tensors -> float32
+    update:  the optimizer's own update of (p, g), fused op or portable
+             path, exactly as for a float32 parameter (skip included)
+    narrow:  master: state["master"] = p.data
+                     p = skipped ? p_old : round_to_nearest(master)
+             SR:     p = round_stochastic(p.data, bits(counter, element))
+                     counter += 1 unless skipped
+             state tensors -> state_dtype (None: they stay float32)
+
+Stochastic rounding of a float32 x to bfloat16 rounds |x| up to the next
+bf16 value with probability equal to the dropped fraction (16 random bits
+against the 16 bits bf16 drops), else down: the expected value is x. The bits are a hash of
+a per-parameter 64-bit counter (high half: a key from ``torch.initial_seed()``
+and the parameter's position; low half: its committed steps) and the
+element index, computed on the device: no host RNG, no transfer, and a
+checkpoint (the counter is in the state dict) resumes the same stream. A
+skipped step leaves every bit as it was: the update is masked, an exact
+bf16 value rounds to itself, the counter does not move.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+OPTIONS_DOC = """
+    master_weights: for parameters that are not float32 (bf16 weights, see
+        ``xla_amp.cast_module``), keep a float32 master copy in the state
+        (``state["master"]``, made from the parameter on its first step);
+        the update is computed on it in float32 and the parameter is the
+        master rounded to nearest. Costs 4 bytes per element.
+    stochastic_rounding: instead of a master, add the float32 update to the
+        bf16 parameter with stochastic rounding (seeded from
+        ``torch.initial_seed()``, reproducible from a checkpoint). bf16
+        parameters only. Not together with ``master_weights``.
+    state_dtype: dtype of the optimizer state of such parameters (``None``:
+        float32, the update's precision; ``torch.bfloat16`` halves it).
+    Both flags are no-ops for float32 parameters. Either keeps every
+    sync-free guarantee: one graph per step, no transfer, a skipped step
+    leaves parameters, masters and state bit-identical."""
+
+KEYS = ("master_weights", "stochastic_rounding", "state_dtype")
+_MASTER = "master"
+_COUNTER = "sr_counter"
+_M32 = 0xFFFFFFFF
+
+
+def options(name: str, master_weights, stochastic_rounding, state_dtype) -> dict[str, Any]:
+    """The group keys of the low-precision options, checked."""
+    for key, v in (("master_weights", master_weights),
+                   ("stochastic_rounding", stochastic_rounding)):
+        if not isinstance(v, bool):
+            raise ValueError(f"{name}: {key} must be a bool, got {v!r}")
+    if master_weights and stochastic_rounding:
+        raise ValueError(f"{name}: master_weights=True and stochastic_rounding=True "
+                         "exclude each other (a master copy makes rounding exact); pick one")
+    if state_dtype is not None and not (isinstance(state_dtype, torch.dtype)
+                                        and state_dtype.is_floating_point):
+        raise ValueError(f"{name}: state_dtype must be a floating torch.dtype or None, "
+                         f"got {state_dtype!r}")
+    return dict(master_weights=master_weights, stochastic_rounding=stochastic_rounding,
+                state_dtype=state_dtype)
+
+
+def applies(group: dict[str, Any], params: list[torch.Tensor]) -> bool:
+    return bool(group.get("master_weights") or group.get("stochastic_rounding")) and any(
+        p.dtype != torch.float32 for p in params)
+
+
+def check(opt, gi: int, group: dict[str, Any], params: list[torch.Tensor]) -> None:
+    """Raises before any update when stochastic rounding meets a parameter
+    it cannot round (only bfloat16)."""
+    if not group.get("stochastic_rounding"):
+        return
+    for pi, p in enumerate(group["params"]):
+        if p.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(
+                f"{type(opt).__name__}: parameter {pi} of param group {gi} is {p.dtype}; "
+                "stochastic_rounding rounds to bfloat16 only (use master_weights)")
+
+
+def step(opt, gi: int, group: dict[str, Any], skip, params: list[torch.Tensor],
+         grads: list[torch.Tensor]) -> bool:
+    """One update of `params` through the widen / update / narrow scheme
+    above; returns whether the fused op ran."""
+    low = [i for i, p in enumerate(params) if p.dtype != torch.float32]
+    olds = {i: params[i].data for i in low}
+    master = group.get("master_weights")
+    grads = list(grads)
+    for i in low:
+        p = params[i]
+        st = opt.state[p]
+        if master:
+            if _MASTER not in st:
+                st[_MASTER] = p.detach().float()
+            p.data = st[_MASTER]
+        else:
+            if _COUNTER not in st:
+                st[_COUNTER] = torch.full((), _key(opt, p), dtype=torch.int64, device=p.device)
+            p.data = p.detach().float()
+        grads[i] = grads[i].float()
+        _retype_state(opt, st, torch.float32)
+    fused = opt._fused_or_raise(gi, group, None)
+    opt._update_group(gi, group, skip, params, grads, fused)
+    keep = skip.keep
+    for i in low:
+        p = params[i]
+        st = opt.state[p]
+        old = olds[i]
+        if master:
+            st[_MASTER] = p.data
+            new = st[_MASTER].to(old.dtype)
+            p.data = new if keep is None else torch.where(keep, old, new)
+        else:
+            counter = st[_COUNTER]
+            p.data = _round_stochastic(p.data, counter)
+            st[_COUNTER] = counter + 1 if keep is None else torch.where(keep, counter,
+                                                                        counter + 1)
+        _retype_state(opt, st, group.get("state_dtype") or torch.float32)
+    return fused
+
+
+def _retype_state(opt, st: dict[str, Any], dtype: torch.dtype) -> None:
+    for key in opt._STATE_LIKE_PARAM:
+        v = st.get(key)
+        if isinstance(v, torch.Tensor) and v.dtype != dtype and v.is_floating_point():
+            st[key] = v.to(dtype)
+
+
+def _key(opt, p: torch.Tensor) -> int:
+    """High half of a parameter's counter: the process seed mixed with the
+    parameter's position in the optimizer (positions are what a checkpoint
+    keeps)."""
+    position = next(i for i, q in enumerate(q for g in opt.param_groups for q in g["params"])
+                    if q is p)
+    mixed = (torch.initial_seed() * 0x9E3779B1 + position * 0x85EBCA77) & 0x7FFFFFFF
+    return mixed << 32
+
+
+def _random16(counter: torch.Tensor, shape, device) -> torch.Tensor:
+    """16 random bits per element (int32), a hash of counter and index."""
+    i = torch.arange(int(torch.Size(shape).numel()), dtype=torch.int64, device=device)
+    x = (i * 0x9E3779B1 + (counter & _M32) * 0x85EBCA77 + (counter >> 32) * 0xC2B2AE3D) & _M32
+    x = x ^ (x >> 16)
+    x = (x * 0x85EBCA6B) & _M32
+    x = x ^ (x >> 13)
+    x = (x * 0xC2B2AE35) & _M32
+    x = x ^ (x >> 16)
+    return (x & 0xFFFF).to(torch.int32).reshape(shape)
+
+
+def _round_stochastic(x: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
+    """float32 -> bfloat16, rounding up with probability equal to the
+    dropped fraction. Plain arithmetic (a bit-level version needs
+    Tensor.view(dtype), which PyTorch/XLA runs on the host): with e the
+    binade of |x| and ulp = 2**(e - 7) bf16's spacing there, |x| / ulp is
+    exact and its fraction has 16 bits; 16 random bits below it decide."""
+    a = x.abs()
+    one = torch.ones_like(a)
+    e = torch.floor(torch.log2(a))  # XLA's log2 may miss by one at a power of two
+    p = torch.ldexp(one, e.to(torch.int32))
+    e = torch.where(p > a, e - 1, torch.where(p * 2 <= a, e + 1, e))
+    ulp = torch.ldexp(one, (e - 7).to(torch.int32))
+    q = a / ulp
+    lo = torch.floor(q)
+    u = _random16(counter, x.shape, x.device).to(torch.float32) * 2.0 ** -16
+    up = (lo + (u < q - lo).to(torch.float32)) * ulp
+    rounded = torch.where(x < 0, -up, up)
+    # zero, tiny values (ulp would be subnormal, where ldexp is not exact) and
+    # inf/NaN: round to nearest
+    ordinary = (a >= 2.0 ** -118) & torch.isfinite(x)
+    return torch.where(ordinary, rounded, x).to(torch.bfloat16)
+
+
+def keep_loaded_dtypes(opt, state_dict: dict[str, Any]) -> None:
+    """torch.optim's load_state_dict casts floating state to the
+    parameter's dtype; the masters and float32 state of low-precision
+    parameters keep the dtype they were saved with."""
+    ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+    params = [p for g in opt.param_groups for p in g["params"]]
+    group_of = {id(p): g for g in opt.param_groups for p in g["params"]}
+    for idx, p in zip(ids, params):
+        saved = state_dict["state"].get(idx)
+        g = group_of[id(p)]
+        if saved is None or not (g.get("master_weights") or g.get("stochastic_rounding")):
+            continue
+        for key, v in saved.items():
+            if key != "step" and isinstance(v, torch.Tensor) and v.dtype != p.dtype:
+                opt.state[p][key] = v.to(p.device)
