@@ -152,6 +152,10 @@ def test_mnist_malformed_datadir_names_path_and_layout(tmp_path, problem):
     ("train_mnist_amp.py", ["--optimizer", "rmsprop"], "--optimizer"),
     ("train_mnist_amp.py", ["--num_devices", 2, "--batch_size", 33], "multiples of --num_devices"),
     ("train_imagenet_amp.py", ["--model", "resnet_nope"], "--model must be a torchvision"),
+    ("train_mnist_amp.py", ["--module_policy", "LayerNorm:fp32"], "--module_policy"),
+    ("train_mnist_amp.py", ["--module_policy", "head=nope"], "--module_policy"),
+    ("train_mnist_amp.py", ["--noamp", "--precision", "bf16_master"], "--noamp is --precision fp32"),
+    ("train_mnist_amp.py", ["--nosyncfree", "--precision", "bf16_sr"], "sync-free optimizers"),
 ])
 def test_bad_flag_values_are_usage_errors(script, args, expect):
     proc = launch(script, *args)
@@ -193,6 +197,17 @@ def test_imagenet_resnet_trains_under_every_policy(policy):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "n/a (fake data)" in summary(proc, "accuracy")
     assert "note: using the 'tpu'" not in proc.stdout
+    assert "1.00 graph executions/step" in summary(proc, "XLA")
+
+
+@pytest.mark.parametrize("precision", ["bf16", "bf16_master", "bf16_sr"])
+def test_mnist_precision_modes(precision):
+    """--precision: bf16 weights (norms kept fp32), each optimizer mode;
+    still one graph execution per step; --module_policy on top."""
+    proc = launch("train_mnist_amp.py", *MNIST_TINY, "--max_steps", 6, "--policy", "tpu",
+                  "--precision", precision, "--module_policy", "fc2=fp32")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "bf16 weights" in proc.stdout and "module policies fc2=fp32" in proc.stdout
     assert "1.00 graph executions/step" in summary(proc, "XLA")
 
 

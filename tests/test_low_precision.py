@@ -22,22 +22,28 @@ def _const_param(device, value=1.0, n=4096):
     return torch.nn.Parameter(torch.full((n,), value, dtype=torch.bfloat16).to(device))
 
 
+def _descend(device, cls, fused, after_step=None, **flags):
+    """200 updates of 1e-4 on 4096 bf16 parameters at 1.0 (bf16's step
+    there: 2**-8 below, 2**-7 above); returns (parameter, optimizer)."""
+    p = _const_param(device)
+    opt = cls([p], lr=1e-4, fused=fused, **flags)
+    for _ in range(200):
+        p.grad = torch.ones_like(p)
+        opt.step()
+        torch_xla.sync()
+        if after_step:
+            after_step(p, opt)
+    assert p.dtype == torch.bfloat16
+    return p, opt
+
+
 @pytest.mark.parametrize("fused", FUSED)
 @pytest.mark.parametrize("cls", [syncfree.SGD, syncfree.Adam])
 def test_stochastic_rounding_keeps_updates_below_resolution(device, cls, fused):
-    """200 updates of 1e-4 on parameters at 1.0 (bf16's step there is
-    2**-8 below, 2**-7 above): stochastic rounding moves the mean by the
-    expected 0.02; round-to-nearest (no flag) leaves it at 1.0."""
-    means = {}
-    for sr in (True, False):
-        p = _const_param(device)
-        opt = cls([p], lr=1e-4, stochastic_rounding=sr, fused=fused)
-        for _ in range(200):
-            p.grad = torch.ones_like(p)
-            opt.step()
-            torch_xla.sync()
-        assert p.dtype == torch.bfloat16
-        means[sr] = p.float().mean().item()
+    """Stochastic rounding moves the mean by the expected 0.02;
+    round-to-nearest (no flag) leaves it at 1.0."""
+    means = {sr: _descend(device, cls, fused, stochastic_rounding=sr)[0].float().mean().item()
+             for sr in (True, False)}
     assert means[False] == 1.0
     assert means[True] == pytest.approx(0.98, abs=0.001)
 
@@ -45,16 +51,12 @@ def test_stochastic_rounding_keeps_updates_below_resolution(device, cls, fused):
 @pytest.mark.parametrize("fused", FUSED)
 @pytest.mark.parametrize("cls", [syncfree.SGD, syncfree.Adam])
 def test_master_keeps_updates_and_params_are_master_rounded(device, cls, fused):
-    p = _const_param(device)
-    opt = cls([p], lr=1e-4, master_weights=True, fused=fused)
-    for _ in range(200):
-        p.grad = torch.ones_like(p)
-        opt.step()
-        torch_xla.sync()
+    def rounded_master(p, opt):
         master = opt.state[p]["master"]
         assert master.dtype == torch.float32
         assert_same(p, master.to(torch.bfloat16))
-    assert master.mean().item() == pytest.approx(0.98, abs=1e-4)
+    p, opt = _descend(device, cls, fused, rounded_master, master_weights=True)
+    assert opt.state[p]["master"].mean().item() == pytest.approx(0.98, abs=1e-4)
 
 
 def _mlp(device, seed=0):

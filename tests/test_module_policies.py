@@ -251,3 +251,17 @@ def test_transformer_layer_every_policy(device, policy):
     assert seen["linear1"] == policies.get(policy).default_dtype
     for name, p in layer.named_parameters():
         assert p.grad.dtype == p.dtype and torch.isfinite(p.grad.cpu()).all(), name
+
+
+def test_fp32_rule_on_bf16_weights_computes_in_fp32(device, x):
+    """An "fp32" module whose weights cast_module made bf16: its float32
+    input meets bf16 weights, which the rule promotes to float32 (plain
+    PyTorch would refuse the mix) - bit-equal to an fp32 linear on the
+    upcast weights."""
+    torch.manual_seed(0)
+    head = xla_amp.cast_module(nn.Linear(8, 4).to(device), torch.bfloat16)
+    xla_amp.module_policies(head, {"": "fp32"})
+    with autocast(device, policy="tpu"):
+        out = head(x.bfloat16())
+    assert out.dtype == torch.float32
+    assert_same(out, F.linear(x.bfloat16().float(), head.weight.float(), head.bias.float()))

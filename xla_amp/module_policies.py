@@ -12,8 +12,9 @@ Rules are an ordered mapping. A key is an ``nn.Module`` subclass (matches
 its instances) or a glob on the qualified module name (``fnmatch``: ``*``
 matches any characters, dots included). A value is a policy name, a
 `Policy`, or ``"fp32"``: the module's floating inputs are cast to float32
-and no op inside it is cast (its region's policy lists no op), outputs left
-as computed.
+and nothing inside it is cast down (an op meeting float32 and bf16 inputs,
+e.g. bf16 weights from `cast_module`, computes in float32), outputs left as
+computed.
 
 Algorithm::
 
@@ -51,11 +52,25 @@ from xla_amp.autocast import autocast
 from xla_amp.policies._policy import Policy
 
 FP32 = "fp32"
-# The policy of an "fp32" rule: autocast stays on (nested rules still apply,
-# the XLA adaptations still fix mixed-precision lowerings), no op is cast.
-NO_CASTS = Policy(name="fp32", default_dtype=torch.bfloat16,
-                  supported_dtypes=(torch.bfloat16, torch.float16), categories={},
-                  description="module_policies' fp32 rule: no op is cast")
+_no_casts: list[Policy] = []
+
+
+def fp32_policy() -> Policy:
+    """The policy of an "fp32" rule: autocast stays on (nested rules still
+    apply, the XLA adaptations still fix mixed-precision lowerings) and
+    every op any built-in policy lists is `promote`: inputs of one dtype
+    run untouched, a float32 input meeting bf16 weights (cast_module) makes
+    both float32. Built once, on first use."""
+    if not _no_casts:
+        listed = {op for name in policies.builtin_names()
+                  for op, cat in policies.get(name).categories.items() if cat != "banned"}
+        _no_casts.append(Policy(
+            name="fp32", default_dtype=torch.bfloat16,
+            supported_dtypes=(torch.bfloat16, torch.float16),
+            categories={op: "promote" for op in sorted(listed)},
+            description="module_policies' fp32 rule: nothing cast down, mixed inputs "
+                        "promoted to the widest"))
+    return _no_casts[0]
 
 
 def _check_rules(rules) -> list[tuple[object, Policy | str]]:
@@ -104,7 +119,7 @@ class _RuledForward:
         self._build_regions()
 
     def _build_regions(self):
-        policy = NO_CASTS if self.target == FP32 else self.target
+        policy = fp32_policy() if self.target == FP32 else self.target
         # The device only names the device type: autocast state is per type.
         self.regions = {dtype: autocast("xla:0", dtype=dtype, policy=policy)
                         for dtype in policy.supported_dtypes}

@@ -8,6 +8,8 @@ from absl import flags
 
 FLAGS = flags.FLAGS
 
+from xla_amp_launch.precision import PRECISIONS, parse_module_policy
+
 OPTIMIZERS = ("sgd", "adam", "adamw")
 DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16"}
 
@@ -30,6 +32,14 @@ def define_flags(*, batch_size: int, num_epochs: int, lr: float, optimizer: str 
     flags.DEFINE_bool("compile", False, "Compile the forward pass and the loss with "
                       "torch.compile(backend='openxla'); the backward, GradScaler and "
                       "optimizer run lazily after it (docs/compiled.md).")
+    flags.DEFINE_enum("precision", None, list(PRECISIONS),
+                      "Weights and compute: fp32, amp (fp32 weights, autocast), bf16 "
+                      "(bf16 weights, naive), bf16_master (fp32 master copy in the "
+                      "optimizer), bf16_sr (stochastic rounding). Default: amp, or fp32 "
+                      "with --noamp (docs/precision_modes.md).")
+    flags.DEFINE_string("module_policy", None, "Per-module policies, e.g. "
+                        "'LayerNorm=fp32,head=fp32' (a torch.nn class name or a glob on "
+                        "module names = a policy name or fp32).")
     flags.DEFINE_enum("optimizer", optimizer, list(OPTIMIZERS), "Optimizer.")
     flags.DEFINE_bool("syncfree", True, "Use xla_amp.syncfree optimizers (the step is "
                       "skipped on overflow inside the graph); --nosyncfree uses torch.optim, "
@@ -85,7 +95,27 @@ def define_flags(*, batch_size: int, num_epochs: int, lr: float, optimizer: str 
         ["amp", "dtype"], lambda f: f["amp"] or f["dtype"] is None,
         message="--dtype applies to --amp only")
     flags.register_multi_flags_validator(
+        ["amp", "precision"],
+        lambda f: f["precision"] is None or f["amp"] == (f["precision"] != "fp32"),
+        message="--noamp is --precision fp32; the other precisions train under autocast")
+    flags.register_multi_flags_validator(
+        ["syncfree", "precision"],
+        lambda f: f["syncfree"] or f["precision"] not in ("bf16_master", "bf16_sr"),
+        message="--precision bf16_master/bf16_sr need the sync-free optimizers (--syncfree)")
+    flags.register_validator("module_policy", _module_policy_ok,
+                             message="--module_policy: entries are key=policy, the policy a "
+                                     "known name or fp32")
+    flags.register_multi_flags_validator(
         ["batch_size", "eval_batch_size", "num_devices"],
         lambda f: f["batch_size"] % f["num_devices"] == 0
         and (f["eval_batch_size"] or f["batch_size"]) % f["num_devices"] == 0,
         message="--batch_size and --eval_batch_size must be multiples of --num_devices")
+
+
+def _module_policy_ok(text) -> bool:
+    from xla_amp import policies
+    try:
+        rules = parse_module_policy(text)
+    except ValueError:
+        return False
+    return all(v == "fp32" or v in policies.names() for v in rules.values())

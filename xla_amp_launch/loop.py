@@ -23,6 +23,7 @@ import math
 import time
 from typing import Callable, Iterator, Optional
 
+from xla_amp_launch import precision as precision_mod
 from xla_amp_launch.checkpoint import load_checkpoint, save_checkpoint
 from xla_amp_launch.devices import Devices
 from xla_amp_launch.flags import DTYPES, FLAGS
@@ -73,15 +74,17 @@ class Run:
 
 
 def make_optimizer(params, name: str, syncfree: bool, lr: float, momentum: float,
-                   weight_decay: float):
+                   weight_decay: float, **low_precision):
+    """``low_precision``: master_weights / stochastic_rounding (syncfree only)."""
     import torch
     import xla_amp
     ns = xla_amp.syncfree if syncfree else torch.optim
     if name == "sgd":
-        return ns.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        return ns.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay,
+                      **low_precision)
     if name == "adam":
-        return ns.Adam(params, lr=lr, weight_decay=weight_decay)
-    return ns.AdamW(params, lr=lr, weight_decay=weight_decay or 1e-2)
+        return ns.Adam(params, lr=lr, weight_decay=weight_decay, **low_precision)
+    return ns.AdamW(params, lr=lr, weight_decay=weight_decay or 1e-2, **low_precision)
 
 
 def make_forward_loss(model, device, autocast_kw: dict, compile: bool) -> Callable:
@@ -136,8 +139,12 @@ def setup(task: Task, devices: Devices) -> Run:
                   fake_data=FLAGS.fake_data)
     torch.manual_seed(FLAGS.seed)
     model = task.build_model().to(dev)
+    precision = FLAGS.precision or ("amp" if FLAGS.amp else "fp32")
+    compat["precision"] = precision
+    precision_mod.prepare(model, precision, FLAGS.module_policy)
     optimizer = make_optimizer(model.parameters(), FLAGS.optimizer, FLAGS.syncfree,
-                               FLAGS.lr, FLAGS.momentum, FLAGS.weight_decay)
+                               FLAGS.lr, FLAGS.momentum, FLAGS.weight_decay,
+                               **precision_mod.optimizer_options(precision))
     scaler = xla_amp.GradScaler(enabled=FLAGS.amp)
     autocast_kw = dict(enabled=FLAGS.amp, dtype=dtype, policy=FLAGS.policy)
     position = {"epoch": 0, "step": 0, "global_step": 0}
@@ -178,6 +185,12 @@ def _print_header(run: Run) -> None:
                      "dtype/policy (see warning); fp32 + GradScaler")
     else:
         precision = "fp32"
+    precision += {"bf16": "; bf16 weights, plain update",
+                  "bf16_master": "; bf16 weights, fp32 master copy in the optimizer",
+                  "bf16_sr": "; bf16 weights, stochastically rounded updates"}.get(
+                      run.compat["precision"], "")
+    if FLAGS.module_policy:
+        precision += f"; module policies {FLAGS.module_policy}"
     if FLAGS.compile:
         precision += "; forward + loss compiled (torch.compile, openxla)"
     opt_desc = (f"{'xla_amp.syncfree' if FLAGS.syncfree else 'torch.optim'}."

@@ -110,8 +110,13 @@ def step(opt, gi: int, group: dict[str, Any], skip, params: list[torch.Tensor],
             p.data = p.detach().float()
         grads[i] = grads[i].float()
         _retype_state(opt, st, torch.float32)
-    fused = opt._fused_or_raise(gi, group, None)
-    opt._update_group(gi, group, skip, params, grads, fused)
+    try:
+        fused = opt._fused_or_raise(gi, group, None)
+        opt._update_group(gi, group, skip, params, grads, fused)
+    except BaseException:  # put the parameters back as they were
+        for i in low:
+            params[i].data = olds[i]
+        raise
     keep = skip.keep
     for i in low:
         p = params[i]
