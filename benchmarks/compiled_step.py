@@ -42,8 +42,7 @@ import torch_xla  # noqa: E402
 
 import xla_amp  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import syncfree_step  # noqa: E402  (its model and its per-round measurement)
+import syncfree_step  # noqa: E402  (this folder's; its model and per-round measurement)
 
 PATHS = ("lazy", "compiled", "whole")
 SCALER = dict(init_scale=2.0 ** 16, growth_interval=4)

@@ -4,9 +4,10 @@
 
 Text: the Python standard library's own source files (sorted, the first
 ``--chars`` bytes; nothing downloaded), byte-level (256 symbols), the last
-10 % held out. Model: a 2-layer causal transformer (d=128, 4 heads, context
-64, pre-norm), AdamW(lr 3e-3, cosine decay to 0, weight decay 0.01) from the
-same initial weights and the same batches in every mode:
+10 % held out. Model: benchmarks/lm.py's 2-layer causal transformer (d=128,
+4 heads, context 64, pre-norm), AdamW(lr 3e-3, cosine decay to 0, weight
+decay 0.01) from the same initial weights and the same batches in every
+mode:
 
   fp32         no autocast, fp32 weights
   amp          xla_amp.autocast (tpu rules, bf16) + GradScaler, fp32 weights
@@ -27,73 +28,29 @@ import math
 import os
 import subprocess
 import sys
-import sysconfig
 
-MODES = ("fp32", "amp", "bf16", "bf16_master", "bf16_sr")
+from lm import MODES
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def corpus(chars: int) -> bytes:
-    lib = sysconfig.get_paths()["stdlib"]
-    out = bytearray()
-    for name in sorted(os.listdir(lib)):
-        if name.endswith(".py"):
-            with open(os.path.join(lib, name), "rb") as f:
-                out += f.read()
-            if len(out) >= chars:
-                break
-    return bytes(out[:chars])
 
 
 def worker(mode: str, args) -> dict:
     os.environ.setdefault("PJRT_DEVICE", "CPU")
     import torch
-    import torch.nn as nn
     import torch.nn.functional as F
     import torch_xla
 
+    import lm  # this folder's
     import xla_amp
 
     dev = torch_xla.device()
-    data = torch.frombuffer(bytearray(corpus(args.chars)), dtype=torch.uint8).long()
+    data = lm.corpus(args.chars)
     split = int(len(data) * 0.9)
     train, held = data[:split], data[split:]
-    ctx, batch = 64, 32
     g = torch.Generator().manual_seed(0)
-
-    def batch_at(src, gen):
-        i = torch.randint(0, len(src) - ctx - 1, (batch,), generator=gen)
-        x = torch.stack([src[j:j + ctx] for j in i.tolist()])
-        y = torch.stack([src[j + 1:j + ctx + 1] for j in i.tolist()])
-        return x.to(dev), y.to(dev)
-
-    class LM(nn.Module):
-        def __init__(self, d=128, heads=4, layers=2):
-            super().__init__()
-            self.embed = nn.Embedding(256, d)
-            self.pos = nn.Parameter(torch.randn(ctx, d) * 0.02)
-            layer = nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.0, batch_first=True,
-                                               norm_first=True)
-            self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-            self.norm = nn.LayerNorm(d)
-            self.head = nn.Linear(d, 256)
-            self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(ctx))
-
-        def forward(self, x):
-            h = self.embed(x) + self.pos
-            h = self.blocks(h, mask=self.mask.to(h.dtype), is_causal=True)
-            return self.head(self.norm(h))
-
     torch.manual_seed(0)
-    model = LM().to(dev)
-    if mode.startswith("bf16"):
-        xla_amp.cast_module(model, torch.bfloat16, keep=(nn.LayerNorm,))
-        xla_amp.module_policies(model, {nn.LayerNorm: "fp32"})
-    flags = {"bf16_master": dict(master_weights=True),
-             "bf16_sr": dict(stochastic_rounding=True)}.get(mode, {})
-    opt = xla_amp.syncfree.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, **flags)
-    scaler = xla_amp.GradScaler(enabled=mode != "fp32")
-    amp = mode != "fp32"
+    model = lm.LM().to(dev)
+    opt, scaler, amp = lm.apply_mode(model, mode, args.lr)
 
     def loss_of(x, y):
         with xla_amp.autocast(dev, policy="tpu", enabled=amp):
@@ -101,7 +58,7 @@ def worker(mode: str, args) -> dict:
         return F.cross_entropy(logits.float().reshape(-1, 256), y.reshape(-1))
 
     held_gen = torch.Generator().manual_seed(1)
-    held_batches = [batch_at(held, held_gen) for _ in range(16)]
+    held_batches = [lm.batch_at(held, held_gen, dev) for _ in range(16)]
 
     def held_loss():
         with torch.no_grad():
@@ -112,7 +69,7 @@ def worker(mode: str, args) -> dict:
     for step in range(args.steps):
         for group in opt.param_groups:  # cosine to 0: late updates fall below bf16's step
             group["lr"] = args.lr * 0.5 * (1 + math.cos(math.pi * step / args.steps))
-        x, y = batch_at(train, g)
+        x, y = lm.batch_at(train, g, dev)
         opt.zero_grad()
         scaler.scale(loss_of(x, y)).backward()
         scaler.step(opt)

@@ -3,7 +3,7 @@ torch.compile(backend="openxla"), backward after it), under no autocast and
 the tpu and cpu rules; run as a script, one process per model (XLA:CPU's
 code memory does not take many large compilations in one process):
 
-    python tests/helpers_compiled_models.py resnet18 tpu   # one JSON line
+    PYTHONPATH=benchmarks python tests/helpers_compiled_models.py resnet18 tpu   # one JSON line
     python tests/helpers_compiled_models.py resnet18 cuda rules   # + module policies
 
 ("none": no autocast; "rules": the model's RULES installed with
@@ -18,8 +18,6 @@ import os
 import sys
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "benchmarks"))
 
 import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
