@@ -4,7 +4,7 @@ the tpu and cpu rules; run as a script, one process per model (XLA:CPU's
 code memory does not take many large compilations in one process):
 
     PYTHONPATH=benchmarks python tests/helpers_compiled_models.py resnet18 tpu   # one JSON line
-    python tests/helpers_compiled_models.py resnet18 cuda rules   # + module policies
+    PYTHONPATH=benchmarks python tests/helpers_compiled_models.py resnet18 cuda rules
 
 ("none": no autocast; "rules": the model's RULES installed with
 xla_amp.module_policies). The line holds the loss of both runs, their dtypes,
@@ -26,7 +26,6 @@ import torch.nn.functional as F  # noqa: E402
 import torch_xla  # noqa: E402
 
 import xla_amp  # noqa: E402
-import zoo  # noqa: E402  (benchmarks/zoo.py: the model zoo's builders)
 
 def mnist_cnn():
     return nn.Sequential(
@@ -51,6 +50,7 @@ def build(name):
         x, y = torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))
         torch.manual_seed(1)
         return mnist_cnn(), x, y
+    import zoo  # benchmarks/zoo.py's builders (PYTHONPATH=benchmarks; tests set it)
     return zoo.build(name, batch=2, image=32)
 
 
