@@ -178,11 +178,17 @@ def _image_folder(root, classes=("cat", "dog"), train=6, val=3, size=(40, 48)):
 
 @pytest.mark.parametrize("policy", ["tpu", "cuda"])  # the default (cpu) runs above
 def test_mnist_trains_under_every_policy(policy):
-    """cuda: with its default float16 (slow on XLA:CPU: a few steps only)."""
-    proc = launch("train_mnist_amp.py", *MNIST_TINY, "--max_steps", 3, "--policy", policy)
+    """cuda: with its default float16 (slow on XLA:CPU: a few steps only).
+    tpu: with bf16 weights and an fp32 master copy (--precision bf16_master)
+    and an fp32 rule on a layer whose weights are bf16 (--module_policy); the
+    optimizer modes themselves are tested in tests/test_low_precision.py."""
+    extra = ["--precision", "bf16_master", "--module_policy", "fc2=fp32"] if policy == "tpu" else []
+    proc = launch("train_mnist_amp.py", *MNIST_TINY, "--max_steps", 3, "--policy", policy, *extra)
     assert proc.returncode == 0, proc.stderr[-3000:]
     dtype = "float16" if policy == "cuda" else "bfloat16"
     assert f"AMP {dtype} (policy {policy})" in proc.stdout, proc.stdout
+    if extra:
+        assert "bf16 weights" in proc.stdout and "module policies fc2=fp32" in proc.stdout
     assert "1.00 graph executions/step" in summary(proc, "XLA")
 
 
@@ -197,18 +203,6 @@ def test_imagenet_resnet_trains_under_every_policy(policy):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "n/a (fake data)" in summary(proc, "accuracy")
     assert "note: using the 'tpu'" not in proc.stdout
-    assert "1.00 graph executions/step" in summary(proc, "XLA")
-
-
-def test_mnist_precision_flags():
-    """--precision bf16_master: bf16 weights, fp32 master copy, still one
-    graph execution per step; --module_policy on top (an fp32 rule on a
-    layer with bf16 weights). The optimizer modes themselves are tested in
-    tests/test_low_precision.py."""
-    proc = launch("train_mnist_amp.py", *MNIST_TINY, "--max_steps", 6, "--policy", "tpu",
-                  "--precision", "bf16_master", "--module_policy", "fc2=fp32")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "bf16 weights" in proc.stdout and "module policies fc2=fp32" in proc.stdout
     assert "1.00 graph executions/step" in summary(proc, "XLA")
 
 
