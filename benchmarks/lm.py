@@ -10,6 +10,9 @@ import sysconfig
 import torch
 import torch.nn as nn
 
+from xla_amp_launch import precision
+from xla_amp_launch.precision import PRECISIONS
+
 CONTEXT = 64
 BATCH = 32
 
@@ -56,20 +59,18 @@ class LM(nn.Module):
         return self.head(self.norm(h))
 
 
-MODES = ("fp32", "amp", "bf16", "bf16_master", "bf16_sr")
+MODES = PRECISIONS
 
 
 def apply_mode(model: nn.Module, mode: str, lr: float, weight_decay: float = 0.01,
                state_dtype=None):
-    """Casts `model` for `mode` (bf16 modes: weights bf16, norms kept fp32
-    with an "fp32" rule) and returns (optimizer, scaler, autocast enabled)."""
+    """Casts `model` for `mode` as the launchers' --precision does (bf16
+    modes: weights bf16, norms kept fp32 with an "fp32" rule) and returns
+    (AdamW, scaler, autocast enabled)."""
     import xla_amp
-    norms = tuple({type(m) for m in model.modules()} & {nn.LayerNorm, nn.BatchNorm2d})
-    if mode.startswith("bf16"):
-        xla_amp.cast_module(model, torch.bfloat16, keep=norms)
-        if norms:
-            xla_amp.module_policies(model, {cls: "fp32" for cls in norms})
-    flags = {"bf16_master": dict(master_weights=True),
-             "bf16_sr": dict(stochastic_rounding=True, state_dtype=state_dtype)}.get(mode, {})
+    precision.prepare(model, mode, None)
+    flags = precision.optimizer_options(mode)
+    if flags.get("stochastic_rounding"):
+        flags["state_dtype"] = state_dtype
     opt = xla_amp.syncfree.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, **flags)
     return opt, xla_amp.GradScaler(enabled=mode != "fp32"), mode != "fp32"

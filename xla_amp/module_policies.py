@@ -41,6 +41,7 @@ forward's casts recorded, so every gradient takes its forward's dtypes;
 from __future__ import annotations
 
 import fnmatch
+import functools
 import warnings
 from collections.abc import Mapping
 
@@ -52,25 +53,22 @@ from xla_amp.autocast import autocast
 from xla_amp.policies._policy import Policy
 
 FP32 = "fp32"
-_no_casts: list[Policy] = []
 
 
+@functools.cache
 def fp32_policy() -> Policy:
     """The policy of an "fp32" rule: autocast stays on (nested rules still
     apply, the XLA adaptations still fix mixed-precision lowerings) and
     every op any built-in policy lists is `promote`: inputs of one dtype
     run untouched, a float32 input meeting bf16 weights (cast_module) makes
     both float32. Built once, on first use."""
-    if not _no_casts:
-        listed = {op for name in policies.builtin_names()
-                  for op, cat in policies.get(name).categories.items() if cat != "banned"}
-        _no_casts.append(Policy(
-            name="fp32", default_dtype=torch.bfloat16,
-            supported_dtypes=(torch.bfloat16, torch.float16),
-            categories={op: "promote" for op in sorted(listed)},
-            description="module_policies' fp32 rule: nothing cast down, mixed inputs "
-                        "promoted to the widest"))
-    return _no_casts[0]
+    listed = {op for name in policies.builtin_names()
+              for op, cat in policies.get(name).categories.items() if cat != "banned"}
+    return Policy(name="fp32", default_dtype=torch.bfloat16,
+                  supported_dtypes=(torch.bfloat16, torch.float16),
+                  categories={op: "promote" for op in sorted(listed)},
+                  description="module_policies' fp32 rule: nothing cast down, mixed inputs "
+                              "promoted to the widest")
 
 
 def _check_rules(rules) -> list[tuple[object, Policy | str]]:
@@ -79,9 +77,7 @@ def _check_rules(rules) -> list[tuple[object, Policy | str]]:
                         f"got {type(rules).__name__}")
     checked = []
     for key, value in rules.items():
-        if isinstance(key, str):
-            pass
-        elif not (isinstance(key, type) and issubclass(key, nn.Module)):
+        if not (isinstance(key, str) or isinstance(key, type) and issubclass(key, nn.Module)):
             raise ValueError(f"module_policies: rule key {key!r} is neither an nn.Module "
                              "subclass nor a glob on module names")
         if isinstance(value, Policy) or value == FP32:

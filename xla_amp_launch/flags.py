@@ -8,7 +8,7 @@ from absl import flags
 
 FLAGS = flags.FLAGS
 
-from xla_amp_launch.precision import PRECISIONS, parse_module_policy
+from xla_amp_launch.precision import PRECISIONS, optimizer_options, parse_module_policy
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16"}
@@ -100,7 +100,7 @@ def define_flags(*, batch_size: int, num_epochs: int, lr: float, optimizer: str 
         message="--noamp is --precision fp32; the other precisions train under autocast")
     flags.register_multi_flags_validator(
         ["syncfree", "precision"],
-        lambda f: f["syncfree"] or f["precision"] not in ("bf16_master", "bf16_sr"),
+        lambda f: f["syncfree"] or not optimizer_options(f["precision"] or "amp"),
         message="--precision bf16_master/bf16_sr need the sync-free optimizers (--syncfree)")
     flags.register_validator("module_policy", _module_policy_ok,
                              message="--module_policy: entries are key=policy, the policy a "

@@ -192,8 +192,6 @@ class SyncFreeOptimizer(DeviceScalars, TorchOptimStateDict, torch.optim.Optimize
                 loss = closure()
         # Checked for all groups before any update, so bad input changes nothing.
         work = self._collect(device)
-        for gi, group, params, _, _ in work:
-            _low_precision.check(self, gi, group, params)
         skip = _Skip(found_inf, device)
         lineage = self._lineage
         for gi, group, params, grads, fused in work:
@@ -237,6 +235,8 @@ class SyncFreeOptimizer(DeviceScalars, TorchOptimStateDict, torch.optim.Optimize
                 odd = (first_other, p.dtype, p.grad.dtype)
                 if p.grad.dtype == p.dtype and _low_precision.applies(group, [p]):
                     odd = None  # widened to float32 for its update
+            if params or other_params:
+                _low_precision.check(self, gi, group)
             fused = bool(params) and self._fused_or_raise(gi, group, odd)
             if not fused:  # one portable update for the whole group
                 params, grads = params + other_params, grads + other_grads

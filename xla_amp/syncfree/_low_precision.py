@@ -77,7 +77,7 @@ def applies(group: dict[str, Any], params: list[torch.Tensor]) -> bool:
         p.dtype != torch.float32 for p in params)
 
 
-def check(opt, gi: int, group: dict[str, Any], params: list[torch.Tensor]) -> None:
+def check(opt, gi: int, group: dict[str, Any]) -> None:
     """Raises before any update when stochastic rounding meets a parameter
     it cannot round (only bfloat16)."""
     if not group.get("stochastic_rounding"):
