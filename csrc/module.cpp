@@ -6,6 +6,7 @@
 
 #include "autocast/cast_category.h"
 #include "autocast/policy_table.h"
+#include "autocast/recorder.h"
 #include "autocast/region.h"
 #include "autocast/registration.h"
 #include "optimizer/optimizer_inputs.h"
@@ -58,6 +59,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("exit_region", &xla_amp::exit_region,
         "Undoes the calling thread's latest enter_region.");
   m.def("policy_depth", &xla_amp::thread_policy_depth);
+
+  py::class_<xla_amp::Recorder, std::shared_ptr<xla_amp::Recorder>>(m, "Recorder")
+      .def(py::init<>())
+      .def("rows", &xla_amp::Recorder::rows,
+           "[(module, op, category, in_dtypes, dtype, count)], first seen first.");
+  m.def("set_recorder", &xla_amp::set_recorder, py::arg("recorder").none(true),
+        "Makes the recorder (or None) the calling thread's; returns the previous one.");
+  m.def("push_module", &xla_amp::push_module, py::arg("name"));
+  m.def("pop_module", &xla_amp::pop_module);
   m.def("set_default_policy", [](std::shared_ptr<PolicyTable> t) {
     xla_amp::set_default_policy(std::move(t));
   });

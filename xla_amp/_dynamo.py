@@ -120,6 +120,19 @@ def _policy_guard(builder, guard, *, traced) -> None:
 _installed = False
 
 
+def _refuse_recording(region) -> None:
+    """record=True counts the engine's eager decisions: such a region makes
+    Dynamo fall back to running the code eagerly, where it records."""
+    if region._record:
+        from torch._dynamo.exc import unimplemented_v2
+        unimplemented_v2(
+            gb_type="xla_amp.autocast(record=True) under torch.compile",
+            context="record=True",
+            explanation="A recording region counts what the engine decides eagerly; "
+                        "the code runs eagerly instead.",
+            hints=["Call xla_amp.explain(model, *inputs) outside the compiled function."])
+
+
 def install() -> None:
     """Registers the hooks (idempotent). Called on ``import xla_amp``."""
     global _installed
@@ -188,6 +201,7 @@ def install() -> None:
                     context=f"{type(e).__name__}: {e}",
                     explanation="The region raises this error when it runs eagerly.",
                     hints=[])
+            _refuse_recording(region)
             return XlaAmpAutocastVariable(_target_values(region))
 
     def wrap(self, value):
@@ -195,6 +209,7 @@ def install() -> None:
             self.install_guards(GuardBuilder.FUNCTION_MATCH)
             return XlaAmpAutocastClassVariable(value, source=self.source)
         if isinstance(value, autocast):
+            _refuse_recording(value)
             self.install_guards(GuardBuilder.ID_MATCH)
             return XlaAmpAutocastVariable(_target_values(value), source=self.source)
         return _wrap(self, value)

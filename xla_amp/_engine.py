@@ -6,6 +6,8 @@
                                           push/pop plus torch.amp.autocast's
                                           XLA state changes, one call each
     install()                             at import: take over AutocastXLA
+    Recorder() / set_recorder(rec)        record=True: the kernels count their
+    push_module(name) / pop_module()      decisions per innermost module
 
 On `install()` the engine registers its kernel for every op PyTorch/XLA
 registered under AutocastXLA, replacing those kernels (an op a policy does
@@ -76,6 +78,10 @@ enter_region = _C.enter_region
 exit_region = _C.exit_region
 active_policy = _C.active_policy  # the calling thread's compiled policy, or None
 collect_grads = _C.collect_grads  # the sync-free optimizers' per-step pass
+Recorder = _C.Recorder            # .rows(): the decisions counted while active
+set_recorder = _C.set_recorder    # the calling thread's recorder (or None); returns the old one
+push_module = _C.push_module      # the innermost module running, as rows name it
+pop_module = _C.pop_module
 
 
 def active_policy_name() -> str | None:

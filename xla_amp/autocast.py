@@ -3,6 +3,7 @@
     with autocast(device):                       # policy from the hardware
     with autocast(device, policy="cuda"):        # another system's rules
     @autocast(device)                            # decorator
+    with autocast(device, record=True) as ac:    # ac.report(): what ran in which dtype
 
 Algorithm::
 
@@ -15,6 +16,9 @@ Algorithm::
             (torch.export's pre-dispatch trace is told, as for torch.autocast)
     exit:   one native call: restore what that enter saved, pop; also on
             exceptions, and per entry when one object is entered recursively
+    record: enter also gives the thread a fresh engine recorder (kept by
+            nested regions) and module hooks name the innermost module;
+            exit restores the previous recorder; report() reads the rows
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ import warnings
 
 import torch
 
-from xla_amp import _engine, policies
+from xla_amp import _engine, _recording, policies
 from xla_amp.policies._policy import Policy
 
 _warned: set[tuple[str, torch.dtype]] = set()
@@ -85,10 +89,12 @@ class autocast(torch.amp.autocast):
     """
 
     def __init__(self, device, enabled: bool = True, dtype: torch.dtype | None = None,
-                 cache_enabled: bool = True, policy: str | Policy | None = None):
+                 cache_enabled: bool = True, policy: str | Policy | None = None,
+                 record: bool = False):
         try:
             key = (device, type(device), enabled, type(enabled), dtype, cache_enabled,
-                   type(cache_enabled), policy, type(policy), policies._generation)
+                   type(cache_enabled), policy, type(policy), record, type(record),
+                   policies._generation)
             built = _built.get(key)
         except TypeError:  # an unhashable argument: the checks below name it
             key = built = None
@@ -98,15 +104,16 @@ class autocast(torch.amp.autocast):
             for name, value in built:
                 setattr(self, name, value)
             return
-        self._build(device, enabled, dtype, cache_enabled, policy)
+        self._build(device, enabled, dtype, cache_enabled, policy, record)
         if key is not None and self._enabled == enabled:  # not a warned, disabled region
             if len(_built) >= _BUILT_MAX:
                 _built.clear()
             _built[key] = tuple(self.__dict__.items())
 
-    def _build(self, device, enabled, dtype, cache_enabled, policy):
+    def _build(self, device, enabled, dtype, cache_enabled, policy, record):
         self.xla_device = _xla_device(device)
-        for name, value in (("enabled", enabled), ("cache_enabled", cache_enabled)):
+        for name, value in (("enabled", enabled), ("cache_enabled", cache_enabled),
+                            ("record", record)):
             if not isinstance(value, bool):
                 raise ValueError(f"autocast: {name} must be a bool, got {value!r}")
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
@@ -128,26 +135,54 @@ class autocast(torch.amp.autocast):
             dtype = self.policy.default_dtype
         super().__init__("xla", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
         self._table = _engine.compile(self.policy)  # bad policies fail here, not on enter
+        self._record = record
+        self._recorder = None
+
+    def report(self):
+        """The `PrecisionReport` of this region's latest entry (``record=True``):
+        every decision the engine made inside it, per innermost module. Call it
+        after the region (or inside, for what ran so far); no device work."""
+        from xla_amp.precision_report import PrecisionReport
+        if not self._record:
+            raise RuntimeError("autocast.report(): this region was built without "
+                               "record=True; use xla_amp.autocast(device, record=True)")
+        if self._recorder is None:
+            raise RuntimeError("autocast.report(): the region has not been entered yet")
+        return PrecisionReport.from_engine(self._recorder.rows(), self.policy.name,
+                                           self.fast_dtype if self._enabled else None)
 
     # torch.amp.autocast's __enter__/__exit__ make eight calls into torch and
     # read their saved state back from the instance; here one native call
     # each does the same and keeps that state per thread (see region.h).
     def __enter__(self):
+        if self._record:
+            self._begin_recording()
         _engine.enter_region(self._table, self._enabled, self.fast_dtype, self._cache_enabled)
         if torch._C._is_torch_function_mode_enabled():
             try:
                 _tell_pre_dispatch_mode(torch.amp._enter_autocast, (
                     self.device, self.fast_dtype, self._enabled, self._cache_enabled))
             except BaseException:
-                _engine.exit_region()
+                self._leave()
                 raise
         return self
 
     def __exit__(self, exc_type, exc_val, exc_tb):
-        _engine.exit_region()
+        self._leave()
         if torch._C._is_torch_function_mode_enabled():
             _tell_pre_dispatch_mode(torch.amp._exit_autocast, ())
         return False
+
+    def _leave(self):
+        _engine.exit_region()
+        if self._record:
+            _recording.end(self.__dict__["_previous_recorders"].pop())
+
+    def _begin_recording(self):
+        # per entry, so a region object entered again (or recursively) records afresh
+        self._recorder = _engine.Recorder()
+        self.__dict__.setdefault("_previous_recorders", []).append(
+            _recording.begin(self._recorder))
 
 
 def _tell_pre_dispatch_mode(fn, args) -> None:

@@ -5,6 +5,7 @@
 
 #include "cast_category.h"
 #include "policy_table.h"
+#include "recorder.h"
 
 namespace xla_amp {
 namespace {
@@ -78,16 +79,6 @@ at::ScalarType widest_type(const torch::jit::Stack& stack, size_t first,
   return widest;
 }
 
-// torch's spelling of a floating dtype, for messages.
-std::string dtype_name(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return "float32";
-    case at::kBFloat16: return "bfloat16";
-    case at::kHalf: return "float16";
-    default: return c10::toString(t);
-  }
-}
-
 // The floating XLA tensors among the arguments (Tensor and Tensor? only:
 // the ops with adaptations take no tensor lists), with argument indices.
 std::vector<std::pair<size_t, at::ScalarType>> floating_inputs(
@@ -101,7 +92,65 @@ std::vector<std::pair<size_t, at::ScalarType>> floating_inputs(
   return found;
 }
 
+// The dtypes of every tensor an argument holds (lists flattened), in order.
+void tensor_dtypes(const c10::IValue& v, std::vector<at::ScalarType>* out) {
+  if (v.isTensor()) {
+    if (v.toTensor().defined()) out->push_back(v.toTensor().scalar_type());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) out->push_back(t.scalar_type());
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toList()) tensor_dtypes(e, out);
+  }
+}
+
+// The kernel whose call is running on this thread while recording.
+thread_local const AutocastKernel* tls_passing_through = nullptr;
+
+std::string qualified_name(const c10::OperatorHandle& op) {
+  const c10::OperatorName& name = op.schema().operator_name();
+  return name.overload_name.empty() ? name.name
+                                    : name.name + "." + name.overload_name;
+}
+
 }  // namespace
+
+void AutocastKernel::operator()(const c10::OperatorHandle& op,
+                                c10::DispatchKeySet ks,
+                                torch::jit::Stack* stack) {
+  Recorder* recorder = active_recorder();
+  if (C10_LIKELY(recorder == nullptr) || tls_passing_through == this) {
+    run(op, ks, stack);
+    return;
+  }
+  const size_t nargs = op.schema().arguments().size();
+  std::vector<at::ScalarType> in;
+  for (size_t i = stack->size() - nargs; i < stack->size(); ++i) {
+    tensor_dtypes((*stack)[i], &in);
+  }
+  // An op left uncast runs below autocast with AutocastXLA still included;
+  // XLA's functionalization re-issues it from the top, reaching this kernel
+  // again: that second call is the same decision, not counted twice.
+  const AutocastKernel* outer = tls_passing_through;
+  tls_passing_through = this;
+  Applied applied;
+  try {
+    applied = run(op, ks, stack);
+  } catch (...) {
+    tls_passing_through = outer;
+    throw;
+  }
+  tls_passing_through = outer;
+  at::ScalarType ran_in = applied.computed;
+  const size_t nret = op.schema().returns().size();
+  for (size_t i = stack->size() - nret;
+       i < stack->size() && ran_in == at::ScalarType::Undefined; ++i) {
+    std::vector<at::ScalarType> out;
+    tensor_dtypes((*stack)[i], &out);
+    if (!out.empty()) ran_in = out.front();
+  }
+  recorder->add(current_module(), qualified_name(op), applied.category,
+                std::move(in), ran_in);
+}
 
 bool AutocastKernel::adapt_mixed(const c10::OperatorHandle& op,
                                  CastCategory category,
@@ -166,9 +215,9 @@ const AutocastKernel::SchemaInfo& AutocastKernel::schema_info(
   return info_;
 }
 
-void AutocastKernel::operator()(const c10::OperatorHandle& op,
-                                c10::DispatchKeySet ks,
-                                torch::jit::Stack* stack) {
+AutocastKernel::Applied AutocastKernel::run(const c10::OperatorHandle& op,
+                                            c10::DispatchKeySet ks,
+                                            torch::jit::Stack* stack) {
   const PolicyTable* policy = active_policy();
   const CastCategory category =
       policy ? policy->category(slot_) : CastCategory::kNone;
@@ -178,16 +227,16 @@ void AutocastKernel::operator()(const c10::OperatorHandle& op,
     if (!info.mutates) {
       c10::impl::ExcludeDispatchKeyGuard no_autocast(
           c10::DispatchKey::AutocastXLA);
-      if (adapt_mixed(op, category, stack)) return;
+      if (adapt_mixed(op, category, stack)) return {category, at::kFloat};
     }
     op.redispatchBoxed(ks & kBelowAutocast, stack);
-    return;
+    return {};
   }
   if (category == CastCategory::kNone && !info.mutates) {
     // Not autocast under this policy: behave as if no kernel were here, so
     // the ops a composite calls inside still meet autocast.
     op.redispatchBoxed(ks & kBelowAutocast, stack);
-    return;
+    return {};
   }
   // From here on the op is either cast or deliberately left alone (in-place,
   // out=, explicit dtype=): everything below, the casts included, runs with
@@ -209,8 +258,9 @@ void AutocastKernel::operator()(const c10::OperatorHandle& op,
       info.dtype_arg >= 0 && !(*stack)[first + info.dtype_arg].isNone();
   if (info.mutates || explicit_dtype) {
     op.callBoxed(stack);
-    return;
+    return {};
   }
+  Applied applied{category};
 
   switch (category) {
     case CastCategory::kLowerPrecisionFp:
@@ -226,6 +276,8 @@ void AutocastKernel::operator()(const c10::OperatorHandle& op,
       if (info.dtype_arg >= 0 && nargs > 0 && eligible((*stack)[first])) {
         (*stack)[first + info.dtype_arg] =
             c10::IValue(static_cast<int64_t>(at::kFloat));
+      } else {
+        applied = {};
       }
       break;
     case CastCategory::kFp32AppendDtype: {
@@ -234,14 +286,16 @@ void AutocastKernel::operator()(const c10::OperatorHandle& op,
           eligible((*stack)[first])) {
         stack->emplace_back(static_cast<int64_t>(at::kFloat));
         target->second.callBoxed(stack);
-        return;
+        return applied;
       }
+      applied = {};
       break;
     }
     default:
       break;
   }
   op.callBoxed(stack);
+  return applied;
 }
 
 }  // namespace xla_amp

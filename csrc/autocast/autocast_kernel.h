@@ -39,10 +39,22 @@ class AutocastKernel final : public c10::OperatorKernel {
  public:
   explicit AutocastKernel(int slot) : slot_(slot) {}
 
+  // Runs the op as described above; with a recorder active on the thread
+  // (recorder.h) also counts what was decided.
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                   torch::jit::Stack* stack);
 
  private:
+  // What a call did: the category applied (kNone when the op ran untouched:
+  // not listed, in-place/out=, dtype= given, nothing eligible, inputs of one
+  // dtype under an adaptation) and, where it differs from the first output's
+  // dtype, the dtype it computed in (fp32_compute casts its output back).
+  struct Applied {
+    CastCategory category = CastCategory::kNone;
+    at::ScalarType computed = at::ScalarType::Undefined;
+  };
+  Applied run(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
+              torch::jit::Stack* stack);
   struct SchemaInfo {
     bool mutates = false;  // in-place or out= overload: never autocast
     int dtype_arg = -1;    // index of an argument named "dtype", or -1

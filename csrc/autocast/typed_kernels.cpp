@@ -29,6 +29,7 @@
 
 #include "autocast_kernel.h"
 #include "policy_table.h"
+#include "recorder.h"
 
 namespace xla_amp {
 namespace {
@@ -105,6 +106,9 @@ struct Typed<Ret(Args...)> {
       const PolicyTable* policy = active_policy();
       const CastCategory category =
           policy ? policy->category(slot) : CastCategory::kNone;
+      if (C10_UNLIKELY(active_recorder() != nullptr)) {  // the boxed kernel records
+        return c10::impl::BoxedKernelWrapper<Ret(Args...)>::call(*boxed, op, ks, args...);
+      }
       if (category == CastCategory::kNone) {
         return typed.redispatch(ks & kBelowAutocast, args...);
       }

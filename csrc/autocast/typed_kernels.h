@@ -5,7 +5,8 @@
 // relu, pooling, batch_norm, softmax, nll_loss, cat/stack) a typed kernel
 // with the op's exact C++ signature does the common categories without
 // boxing; anything else (banned, fp32_set_opt_dtype, fp32_append_dtype,
-// the XLA adaptations) falls back to the boxed kernel. Both read the same compiled policy table.
+// the XLA adaptations; every call while a recorder is active) falls back to
+// the boxed kernel. Both read the same compiled policy table.
 #pragma once
 
 #include <torch/library.h>

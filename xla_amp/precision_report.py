@@ -1,0 +1,168 @@
+"""Which op ran in which dtype, and why: `PrecisionReport` and `explain`.
+
+    with xla_amp.autocast(device, record=True) as ac:
+        loss = loss_fn(model(x), y)
+    report = ac.report()
+    print(report.table())
+    xla_amp.explain(model, x, policy="cuda").diff(xla_amp.explain(model, x, policy="tpu"))
+
+The rows come from the native engine as it decides (csrc/autocast/
+recorder.h), one per distinct (module, op, category, in_dtypes, dtype):
+
+    module     qualified name of the innermost module running ("" at top level)
+    op         "aten::linear", "aten::add.Tensor" (the overload, if named)
+    category   the cast applied: a category of `xla_amp.CATEGORIES`, an XLA
+               adaptation ("fp32_compute", "promote_mixed") that acted, or
+               "none": the op ran untouched (not listed, in-place/out=,
+               dtype= given, nothing eligible)
+    in_dtypes  every tensor argument's dtype before the cast, in order
+    dtype      the dtype the op ran in: its first tensor output's dtype, or
+               float32 for fp32_compute, which casts its output back
+    count      calls
+
+Ops the engine has no kernel for (relu, add on most policies: nothing ever
+casts them) run in their inputs' dtype and are not rows. Recording is eager
+(lazy tensors trace, nothing executes); inside torch.compile a recording
+region makes Dynamo fall back to running that code eagerly.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from collections import defaultdict
+
+import torch
+
+FIELDS = ("module", "op", "category", "in_dtypes", "dtype", "count")
+
+
+def markdown(header: tuple[str, ...], lines) -> str:
+    """A markdown table (the reports' `.table()`)."""
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(v) for v in line) + " |" for line in lines]
+    return "\n".join(out)
+
+
+def _cell(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return ", ".join(value)
+    return f"`{value}`" if value == "" else str(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecisionReport:
+    """What autocast decided, per module and op (see the module docstring).
+
+    policy: the recording region's policy name; dtype: its lower-precision
+    dtype (None when the region was disabled)."""
+    rows: list[dict]
+    policy: str = ""
+    dtype: str | None = None
+
+    @classmethod
+    def from_engine(cls, rows, policy: str, dtype: torch.dtype | None) -> "PrecisionReport":
+        return cls(rows=[{"module": m, "op": op, "category": c, "in_dtypes": list(ins),
+                          "dtype": d, "count": n} for m, op, c, ins, d, n in rows],
+                   policy=policy, dtype=str(dtype).removeprefix("torch.") if dtype else None)
+
+    def table(self) -> str:
+        """Markdown: one line per row, in the order first seen."""
+        return markdown(FIELDS, ([_cell(r[f]) for f in FIELDS] for r in self.rows))
+
+    def to_json(self, **kwargs) -> str:
+        return json.dumps({"policy": self.policy, "dtype": self.dtype, "rows": self.rows},
+                          **kwargs)
+
+    @classmethod
+    def from_json(cls, text: str) -> "PrecisionReport":
+        data = json.loads(text)
+        return cls(rows=data["rows"], policy=data.get("policy", ""), dtype=data.get("dtype"))
+
+    def by_op(self) -> dict[tuple[str, str], dict[tuple[str, str], int]]:
+        """(module, op) -> {(category, dtype): calls}."""
+        out: dict = defaultdict(lambda: defaultdict(int))
+        for r in self.rows:
+            out[(r["module"], r["op"])][(r["category"], r["dtype"])] += r["count"]
+        return out
+
+    def diff(self, other: "PrecisionReport") -> "ReportDiff":
+        """The (module, op) pairs whose category or dtype differ between the two
+        reports (e.g. one model under two policies), an op missing on one
+        side included; call counts alone do not make a difference."""
+        mine, theirs = self.by_op(), other.by_op()
+        rows = []
+        for key in list(mine) + [k for k in theirs if k not in mine]:
+            a, b = sorted(mine.get(key, {})), sorted(theirs.get(key, {}))
+            if a != b:
+                rows.append({"module": key[0], "op": key[1],
+                             "category": [_join(c for c, _ in a), _join(c for c, _ in b)],
+                             "dtype": [_join(d for _, d in a), _join(d for _, d in b)]})
+        return ReportDiff(rows=rows, names=(self.policy, other.policy))
+
+
+def _join(values) -> str:
+    return ", ".join(dict.fromkeys(values))  # distinct, in order
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportDiff:
+    """`PrecisionReport.diff`: rows of {"module", "op", "category": [mine,
+    theirs], "dtype": [mine, theirs]} ("" where the op did not run)."""
+    rows: list[dict]
+    names: tuple[str, str] = ("", "")
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def table(self) -> str:
+        a, b = (n or side for n, side in zip(self.names, ("self", "other")))
+        header = ("module", "op", f"category ({a})", f"category ({b})",
+                  f"dtype ({a})", f"dtype ({b})")
+        return markdown(header, ([_cell(r["module"]), r["op"], *r["category"], *r["dtype"]]
+                                 for r in self.rows))
+
+    def to_json(self, **kwargs) -> str:
+        return json.dumps({"names": list(self.names), "rows": self.rows}, **kwargs)
+
+
+def xla_device_of(args, kwargs):
+    """The device of the first XLA tensor among the arguments, else the default
+    XLA device."""
+    for leaf in torch.utils._pytree.tree_leaves((args, kwargs)):
+        if isinstance(leaf, torch.Tensor) and leaf.device.type == "xla":
+            return leaf.device
+    import torch_xla
+    return torch_xla.device()
+
+
+@contextlib.contextmanager
+def buffers_kept(fn):
+    """While inside, `fn`'s buffers (a module's; nothing for a function) are
+    clones, so a forward run for inspection (BatchNorm's running statistics)
+    leaves the module as it was."""
+    if not isinstance(fn, torch.nn.Module):
+        yield
+        return
+    saved = [(m, name, b) for m in fn.modules() for name, b in m._buffers.items()
+             if b is not None]
+    for m, name, b in saved:
+        m._buffers[name] = b.clone()
+    try:
+        yield
+    finally:
+        for m, name, b in saved:
+            m._buffers[name] = b
+
+
+def explain(fn, *args, policy=None, **kwargs) -> PrecisionReport:
+    """Runs ``fn(*args, **kwargs)`` (a module or a function) once under
+    ``xla_amp.autocast(device, policy=policy, record=True)`` and returns its
+    `PrecisionReport`; the device is the first XLA tensor argument's. Only
+    traces (nothing executes, no transfer); a module's buffers are left as
+    they were. Module names are relative to `fn` when it is a module."""
+    from xla_amp.autocast import autocast
+    region = autocast(xla_device_of(args, kwargs), policy=policy, record=True)
+    with buffers_kept(fn), region:
+        fn(*args, **kwargs)
+    return region.report()
