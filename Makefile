@@ -4,10 +4,11 @@ PY      := .venv/bin/python
 PIP     := .venv/bin/pip
 STAMP   := .venv/.requirements-installed
 EXT     := $(wildcard xla_amp/_C*.so)
-SOURCES := $(wildcard csrc/*.cpp csrc/*/*.cpp csrc/*/*.h) setup.py
+SOURCES := $(wildcard csrc/*.cpp csrc/*/*.cpp csrc/*/*.h) setup.py pyproject.toml xla_amp/_version_check.py
+MAX_JOBS ?= 2
 export PJRT_DEVICE ?= CPU
 
-.PHONY: all venv build test zoo zoo-large demo bench docs clean
+.PHONY: all venv build bazel wheel test zoo zoo-large demo bench docs clean
 
 all: test
 
@@ -20,19 +21,55 @@ $(STAMP): requirements.txt
 
 venv: $(STAMP)
 
+# Put library $(1) and its build record $(2) where the package loads them;
+# rename, not overwrite: running processes keep the old file mapped.
+EXT_SUFFIX = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+define install_lib
+@cp $(1) xla_amp/.C.so.tmp && mv -f xla_amp/.C.so.tmp xla_amp/_C$(EXT_SUFFIX)
+@cp $(2) xla_amp/._build_info.py.tmp && mv -f xla_amp/._build_info.py.tmp xla_amp/_build_info.py
+endef
+
 # The extension is rebuilt (incrementally, with ninja) only when csrc/ or
 # setup.py changed; a .pth file makes the checkout importable (editable).
+# With _C comes xla_amp/_build_info.py: the torch/torch_xla it was built
+# against, checked when xla_amp is imported (xla_amp/_version_check.py).
 xla_amp/.built: $(STAMP) $(SOURCES)
 	@mkdir -p build
 	@echo "building xla_amp._C (log: build/ext.log)"
-	@MAX_JOBS=2 $(PY) setup.py build_ext --build-lib build/lib > build/ext.log 2>&1 || (grep -B2 -A8 "error" build/ext.log | head -80; exit 1)
-	@# rename, not overwrite: running processes keep the old file mapped
-	@for so in build/lib/xla_amp/_C*.so; do cp "$$so" xla_amp/.C.so.tmp && mv -f xla_amp/.C.so.tmp "xla_amp/$$(basename $$so)"; done
+	@MAX_JOBS=$(MAX_JOBS) $(PY) setup.py build_ext --build-lib build/lib > build/ext.log 2>&1 || (grep -B2 -A8 "error" build/ext.log | head -80; exit 1)
+	$(call install_lib,build/lib/xla_amp/_C$(EXT_SUFFIX),build/lib/xla_amp/_build_info.py)
 	$(PY) -c "import site; print('$(CURDIR)')" > "$$($(PY) -c 'import site; print(site.getsitepackages()[0])')/xla_amp_checkout.pth"
 	$(PY) -c "import xla_amp._C"
 	touch $@
 
 build: xla_amp/.built
+
+# Bazel, as PyTorch/XLA builds: WORKSPACE + BUILD compile csrc/ against the
+# torch of .venv (bazel/torch.bzl asks it for its paths), offline (Debian's
+# bazel-bootstrap 4.2.3 and bazel-rules-java; bazel/rules_cc stands in for
+# rules_cc). Installs the library in place of setup.py's and runs the engine
+# tests on it; the next `make build` puts setup.py's library back.
+BAZEL       := bazel --max_idle_secs=300
+BAZEL_FLAGS := -c opt --repo_env=XLA_AMP_PYTHON=$(CURDIR)/$(PY) --symlink_prefix=build/bazel- \
+               --experimental_no_product_name_out_symlink --jobs=$(MAX_JOBS)
+SUDO        := $(if $(filter 0,$(shell id -u)),,sudo)
+bazel: $(STAMP)
+	@command -v bazel >/dev/null && test -d /usr/share/bazel/rules/java || \
+	  $(SUDO) apt-get install -y -q bazel-bootstrap bazel-rules-java || \
+	  ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q bazel-bootstrap bazel-rules-java)
+	@mkdir -p build
+	@echo "bazel build //:_C.so (log: build/bazel.log)"
+	@$(BAZEL) build $(BAZEL_FLAGS) //:_C.so //:build_info > build/bazel.log 2>&1 || (grep -v linux-sandbox build/bazel.log | tail -60; exit 1)
+	@grep "Elapsed time" build/bazel.log
+	@rm -f xla_amp/.built
+	$(call install_lib,build/bazel-bin/_C.so,build/bazel-bin/_build_info.py)
+	$(PY) -c "import xla_amp, xla_amp._build_info as b; assert b.BUILDER == 'bazel', b.BUILDER"
+	$(PY) -m pytest -q tests/test_engine.py
+
+# A wheel for an existing torch_xla environment (dist/; Requires-Dist pins
+# the torch / torch_xla release series it was built against).
+wheel: $(STAMP)
+	MAX_JOBS=$(MAX_JOBS) $(PIP) wheel --no-build-isolation --no-deps -w dist .
 
 test: build
 	$(PY) -m pytest -q tests
@@ -63,4 +100,4 @@ bench: build
 	$(PY) benchmarks/zoo.py
 
 clean:
-	rm -rf build xla_amp/_C*.so xla_amp/.built *.egg-info
+	rm -rf build dist xla_amp/_C*.so xla_amp/_build_info.py xla_amp/.built *.egg-info

@@ -1,26 +1,62 @@
-"""Builds xla_amp and its native engine, xla_amp._C.
+"""Builds xla_amp and its native engine, xla_amp._C (metadata: pyproject.toml).
 
-`pip install --no-build-isolation -e .` compiles csrc/ against the installed
-torch (no CUDA toolkit needed); importing xla_amp never compiles.
+Compiles csrc/ against the torch installed in this Python (no CUDA toolkit
+needed), so build without isolation, in the environment that has torch and
+torch_xla:
+
+    pip wheel --no-build-isolation --no-deps .     # a wheel
+    pip install --no-build-isolation -e .          # an editable checkout
+    make build                                     # what the Makefile does (ninja, incremental)
+
+The wheel's Requires-Dist pins torch and torch_xla to the release series
+found here (torch==2.9.*), and every build writes xla_amp/_build_info.py
+with the exact versions, which `import xla_amp` checks
+(xla_amp/_version_check.py). The library carries no debug info (-g0:
+23 MB -> ~1 MB); XLA_AMP_DEBUG_BUILD=1 keeps it.
 """
 import glob
+import os
+import runpy
 
 from setuptools import find_packages, setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+versions = runpy.run_path(os.path.join(ROOT, "xla_amp", "_version_check.py"))
+BUILT_AGAINST = versions["installed_versions"]()  # a clear error without torch/torch_xla
+
+from torch.utils.cpp_extension import BuildExtension, CppExtension  # noqa: E402
+
+DEBUG = os.environ.get("XLA_AMP_DEBUG_BUILD") == "1"
+
+
+class BuildWithInfo(BuildExtension):
+    """build_ext that also writes xla_amp/_build_info.py next to _C."""
+
+    def run(self):
+        super().run()
+        text = versions["build_info_text"]("setup.py", BUILT_AGAINST)
+        targets = [os.path.join(self.build_lib, "xla_amp")]
+        if self.inplace:
+            targets.append(os.path.join(ROOT, "xla_amp"))
+        for folder in targets:
+            os.makedirs(folder, exist_ok=True)
+            tmp = os.path.join(folder, "._build_info.py.tmp")
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, os.path.join(folder, "_build_info.py"))
+
 
 setup(
-    name="xla_amp",
-    version="0.1.0",
-    description="Automatic mixed precision for PyTorch/XLA",
     packages=find_packages(include=["xla_amp", "xla_amp.*", "xla_amp_launch"]),
     package_data={"xla_amp": ["policies/*.toml"]},
     ext_modules=[
         CppExtension(
             name="xla_amp._C",
             sources=sorted(glob.glob("csrc/**/*.cpp", recursive=True)),
-            extra_compile_args=["-O2", "-std=c++17"],
+            # after Python's own CFLAGS (-g -O3): the last -g / -O wins
+            extra_compile_args=["-O2", "-std=c++17"] + ([] if DEBUG else ["-g0"]),
         )
     ],
-    cmdclass={"build_ext": BuildExtension},
-    python_requires=">=3.10",
+    cmdclass={"build_ext": BuildWithInfo},
+    install_requires=[versions["requirement"](p, v) for p, v in BUILT_AGAINST.items()],
 )

@@ -8,6 +8,7 @@ it. Environment op-list overrides (XLA_AMP_*_OPS_LIST) are read here.
 import torch
 import torch_xla  # noqa: F401  (its AutocastXLA kernels must exist before ours)
 
+from xla_amp import _version_check  # noqa: F401  (ImportError if _C was built for another torch)
 from xla_amp import _C  # noqa: F401
 from xla_amp import _dynamo, _engine, policies
 from xla_amp.policies import _env_overrides
