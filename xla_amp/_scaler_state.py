@@ -83,11 +83,13 @@ class ScalerStateDict:
             state["_growth_tracker"] = None
             state["_skipped"] = None
             state["_per_optimizer"] = None
+            state["_overflow"] = {}
         return state
 
     def __setstate__(self, state):
         state.setdefault("_min_scale", None)  # pickled before these existed
         state.setdefault("_init_skipped", 0)
         state.setdefault("_skipped", None)
+        state.setdefault("_overflow", {})
         self.__dict__.update(state)
         self._per_optimizer = self._fresh_iteration()

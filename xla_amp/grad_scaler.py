@@ -8,7 +8,8 @@
 Algorithm (one iteration; scale and growth_tracker are device tensors)::
 
     scale(loss)       -> loss * scale
-    unscale_(opt)     found_inf[opt] = any(!isfinite(g)); g *= 1/scale   (fused op)
+    unscale_(opt)     flag[g] = !isfinite(g) per gradient (kept: overflow_report)
+                      found_inf[opt] = any(flag); g *= 1/scale
     step(opt)         unscale_(opt) unless done;
                       syncfree opt: opt.step(found_inf=found_inf[opt])
                       other opt:    masked step (below)
@@ -41,7 +42,7 @@ from typing import Any, Optional, Union
 import torch
 
 from xla_amp._masked_step import masked_step as _masked_step
-from xla_amp._param_walk import params_with_grads, where
+from xla_amp import _scaler_unscale as _unscale
 from xla_amp._scaler_state import ScalerStateDict
 from xla_amp._scaler_checks import checked as _checked
 
@@ -120,6 +121,7 @@ class GradScaler(ScalerStateDict):
         self._growth_tracker: Optional[torch.Tensor] = None
         self._skipped: Optional[torch.Tensor] = None
         self._per_optimizer: dict[int, _PerOptimizer] = self._fresh_iteration()
+        self._overflow: dict[int, _unscale.OverflowFlags] = {}  # id(optimizer) ->
 
     # -- the iteration ------------------------------------------------------
 
@@ -167,23 +169,13 @@ class GradScaler(ScalerStateDict):
                 "unscale_() has already been called on this optimizer since the last update().")
         if st.stage is OptState.STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
-        grads = self._collect_grads(optimizer)  # validates before touching anything
+        grads = _unscale.collect(optimizer, self._check_xla)  # validates before touching anything
         # Reciprocal in double: exact for the power-of-two scales of the schedule
         # and the same rounding as torch.amp.GradScaler otherwise.
         inv_scale = self._scale.double().reciprocal().float()
-        found = {}
-        with torch.no_grad():
-            for device, per_dtype in grads.items():
-                f = torch.zeros((), dtype=torch.float32, device=device)
-                inv = inv_scale.to(device)
-                for dtype, gs in per_dtype.items():
-                    # bf16: PyTorch/XLA's lowering multiplies bf16 by f32, which XLA
-                    # rejects (test_xla_known_issues.py): unscale in f32, round once
-                    wide = gs if dtype == torch.float32 else [g.float() for g in gs]
-                    torch._amp_foreach_non_finite_check_and_unscale_(wide, f, inv)
-                    if wide is not gs:
-                        torch._foreach_copy_(gs, wide)
-                found[device] = f
+        found, flags = _unscale.unscale(grads, inv_scale)
+        record = self._overflow.setdefault(id(optimizer), _unscale.OverflowFlags([], []))
+        record.after_step(flags, found)
         st.found_inf_per_device = found
         st.stage = OptState.UNSCALED
         self._per_optimizer[id(optimizer)] = st  # recorded only once it succeeded
@@ -320,6 +312,20 @@ class GradScaler(ScalerStateDict):
     def get_min_scale(self) -> Optional[float]:
         return self._min_scale
 
+    def overflow_report(self, optimizer, last_skipped: bool = False) -> list[str]:
+        """Names of `optimizer`'s parameters whose gradients were inf/NaN in the
+        last step (``last_skipped=True``: in the latest step that had any,
+        however long ago), from per-gradient flags kept on the device; names
+        come from param groups built with ``named_parameters()``, else
+        "group g, index i". Call it after :meth:`step`; reading it is the
+        one transfer. [] before the first step and when disabled."""
+        if not self._enabled:
+            return []
+        record = self._overflow.get(id(optimizer))
+        if record is None:
+            return []
+        return _unscale.names(optimizer, record.last_skipped if last_skipped else record.last)
+
     def skipped_steps(self) -> int:
         """Steps skipped (inf/NaN gradients) since construction, counted on
         the device inside the step's graph; calling this reads it (one
@@ -363,19 +369,6 @@ class GradScaler(ScalerStateDict):
             raise ValueError(
                 f"GradScaler: {what} is on '{device}', not on an XLA device; use "
                 "torch.amp.GradScaler for other devices")
-
-    def _collect_grads(self, optimizer) -> dict:
-        grads: dict = defaultdict(lambda: defaultdict(list))
-        for gi, pi, p in params_with_grads(optimizer):
-            self._check_xla(p.device, where(gi, pi))
-            if p.grad.dtype == torch.float16:
-                raise ValueError(
-                    f"Attempting to unscale FP16 gradients ({where(gi, pi)}); keep the "
-                    "parameters in float32 and let autocast produce fp16 activations.")
-            if p.grad.is_sparse:
-                raise ValueError(f"GradScaler: {where(gi, pi)} has a sparse gradient (unsupported)")
-            grads[p.grad.device][p.grad.dtype].append(p.grad)
-        return grads
 
     def found_inf_flags(self, optimizer) -> list[torch.Tensor]:
         """This iteration's per-device skip flags (device tensors) for
