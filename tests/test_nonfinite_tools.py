@@ -143,3 +143,61 @@ def test_overflow_report_without_names_and_no_extra_transfer(device):
     assert scaler.overflow_report(opt) == []
     assert scaler.overflow_report(opt, last_skipped=True) == ["group 0, index 0"]
     assert count("TransferFromDeviceTime") == 2
+
+
+class Risky(nn.Module):
+    """block.up's activations exceed float16's range (~1.4e5); the LayerNorm
+    after it brings them back."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(8, 16)
+        self.block = nn.Sequential()
+        self.block.add_module("up", nn.Linear(16, 16))
+        self.block.add_module("norm", nn.LayerNorm(16))
+        self.bn = nn.BatchNorm1d(16)
+        self.head = nn.Linear(16, 4)
+        with torch.no_grad():
+            self.block.up.weight.mul_(1e5)
+
+    def forward(self, x):
+        return self.head(self.bn(self.block(self.inp(x))))
+
+
+def test_compare_flags_only_the_overflowing_module_and_suggest_fixes_it(device):
+    torch.manual_seed(0)
+    model = Risky().to(device)
+    x = torch.randn(6, 8, device=device)
+    running = model.bn.running_mean
+    report = xla_amp.compare(model, x, policy="tpu")
+    assert model.bn.running_mean is running  # the model is left as it was
+    rows = {r["module"]: r for r in report.rows}
+    assert set(rows) == {"", "inp", "block", "block.up", "block.norm", "bn", "head"}
+    assert report.risky() == ["block.up"]
+    assert rows["block.up"]["max_abs"] > 65504 and rows["block.up"]["overflow"]
+    assert 0 < rows["inp"]["rel_error"] < 0.02  # bf16 rounding, not garbage
+    assert report.suggest() == {"block.up": "fp32"}
+    assert "| block.up |" in report.table() and "**yes**" in report.table()
+
+    with xla_amp.autocast(device, policy="cuda"):
+        assert not torch.isfinite(model(x)).all()  # fp16 overflows in block.up
+    cuda = xla_amp.compare(model, x, policy="cuda")
+    bad = {r["module"] for r in cuda.rows if r["nonfinite"]}
+    assert "block.up" in bad and "inp" not in bad
+    handle = xla_amp.module_policies(model, report.suggest())
+    try:
+        with xla_amp.autocast(device, policy="cuda"):
+            y = model(x)
+        assert torch.isfinite(y).all()
+        fixed = xla_amp.compare(model, x, policy="cuda")
+        assert not any(r["nonfinite"] for r in fixed.rows)
+    finally:
+        handle.remove()
+
+
+def test_compare_bad_input(device):
+    with pytest.raises(TypeError, match="nn.Module"):
+        xla_amp.compare(lambda x: x, torch.ones(1, device=device))
+    with pytest.raises(ValueError, match="no-such"):
+        xla_amp.compare(nn.Linear(2, 2).to(device), torch.ones(1, 2, device=device),
+                        policy="no-such")

@@ -18,6 +18,7 @@ from xla_amp.module_policies import ModulePolicyHandle, module_policies
 from xla_amp.cast_module import cast_module
 from xla_amp.precision_report import PrecisionReport, explain
 from xla_amp.watch import NonfiniteWatch, watch_nonfinite
+from xla_amp.compare import ComparisonReport, compare
 from xla_amp.grad_scaler import GradScaler
 from xla_amp import syncfree
 from xla_amp.distributed import all_reduce_gradients, optimizer_step
@@ -30,5 +31,6 @@ _dynamo.install()
 __all__ = ["autocast", "set_default_policy", "custom_fwd", "custom_bwd", "policies", "Policy",
            "CATEGORIES", "GradScaler", "syncfree", "all_reduce_gradients", "optimizer_step",
            "module_policies", "ModulePolicyHandle", "cast_module",
-           "PrecisionReport", "explain", "watch_nonfinite", "NonfiniteWatch"]
+           "PrecisionReport", "explain", "watch_nonfinite", "NonfiniteWatch",
+           "compare", "ComparisonReport"]
 __version__ = "0.1.0"
