@@ -5,6 +5,9 @@
         --model resnet18 --image_size 64 --batch_size 16 --num_epochs 1
     # real data: an ImageFolder tree (DATADIR/train/<class>/*.jpg, DATADIR/val/<class>/*.jpg)
     ... --datadir ~/data/imagenet --model resnet50 --image_size 224 --batch_size 128
+    # PyTorch/XLA's test/test_train_mp_imagenet_amp.py command lines work too:
+    ... --model=resnet18 --fake_data --num_steps=2 --batch_size=4 --test_set_batch_size=4 \
+        --drop_last --num_workers=0 --use_syncfree_optim --metrics_debug
 
 The training step is the one of train_mnist_amp.py (xla_amp.autocast +
 xla_amp.GradScaler + an xla_amp.syncfree optimizer, one graph per step, no
@@ -25,7 +28,7 @@ from absl import app, flags
 
 from xla_amp_launch import data, image_folder, loop
 from xla_amp_launch.devices import setup_devices
-from xla_amp_launch.flags import define_flags
+from xla_amp_launch.flags import apply_test_run_flags, define_flags, print_metrics_report
 
 FLAGS = flags.FLAGS
 
@@ -34,14 +37,13 @@ define_flags(batch_size=32, num_epochs=1, lr=0.1, optimizer="sgd",
                           log_steps=5)
 flags.DEFINE_string("model", "resnet50", "torchvision classification model "
                     "(torchvision.models.get_model name: resnet18, resnet50, ...).")
-flags.DEFINE_integer("image_size", 224, "Training crop size (pixels); small values "
-                     "(32-96) make a CPU run practical.", lower_bound=16)
+flags.DEFINE_integer("image_size", None, "Training crop size (pixels; default 299 for "
+                     "inception_v3, else 224); small values (32-96) make a CPU run practical.",
+                     lower_bound=16)
 flags.DEFINE_integer("num_classes", 1000, "Classes with fake data (ImageFolder: the "
                      "number of class folders).", lower_bound=2)
 flags.DEFINE_integer("fake_steps_per_epoch", 20, "Steps per epoch with fake data.",
                      lower_bound=1)
-flags.DEFINE_integer("num_workers", 2, "DataLoader worker processes for ImageFolder data.",
-                     lower_bound=0)
 
 def _classification_models():
     import torchvision
@@ -60,10 +62,11 @@ def main(argv):
     fake = FLAGS.fake_data or not FLAGS.datadir
     if fake and FLAGS.target_accuracy is not None:
         raise app.UsageError("--target_accuracy needs --datadir (fake data has no accuracy)")
+    size = FLAGS.image_size or (299 if FLAGS.model == "inception_v3" else 224)
     if not fake:
         try:
             train_ds, val_ds, num_classes = image_folder.load_image_folders(
-                FLAGS.datadir, FLAGS.image_size, FLAGS.seed)
+                FLAGS.datadir, size, FLAGS.seed)
         except data.DataDirError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -82,9 +85,11 @@ def main(argv):
 
     devices = setup_devices(FLAGS.num_devices)
     def build_model():
-        return torchvision.models.get_model(FLAGS.model, weights=None, num_classes=num_classes)
+        # one output to train on (PyTorch/XLA's launcher builds inception_v3 so too)
+        aux = {"aux_logits": False} if FLAGS.model in ("inception_v3", "googlenet") else {}
+        return torchvision.models.get_model(FLAGS.model, weights=None, num_classes=num_classes,
+                                            **aux)
 
-    size = FLAGS.image_size
     if devices.hw == "CPU" and size >= 128 and FLAGS.model not in ("resnet18",):
         print(f"note: on XLA:CPU, {FLAGS.model} at {size}x{size} takes minutes to compile "
               "and seconds per step; for a quick look try --model resnet18 --image_size 64 "
@@ -98,8 +103,14 @@ def main(argv):
             data_description=(f"fake data: one random batch of {FLAGS.batch_size} "
                               f"{size}x{size} images, {num_classes} classes, reused"),
             compat={"data": "fake", "image_size": size, "num_classes": num_classes})
-        return loop.train(task, devices)
+    else:
+        task = _image_folder_task(train_ds, val_ds, num_classes, size, build_model)
+    status = loop.train(apply_test_run_flags(task), devices)
+    print_metrics_report()
+    return status
 
+
+def _image_folder_task(train_ds, val_ds, num_classes: int, size: int, build_model):
     eval_bs = FLAGS.eval_batch_size or FLAGS.batch_size
 
     def evaluate():
@@ -113,13 +124,12 @@ def main(argv):
     desc = (f"ImageFolder {FLAGS.datadir}: {len(train_ds)} training"
             + (f" / {len(val_ds)} held-out" if val_ds is not None else " (no val/)")
             + f" images, {num_classes} classes, {size}x{size} crops")
-    task = loop.Task(
+    return loop.Task(
         name="imagenet", model_name=FLAGS.model, build_model=build_model, train=train,
         evaluate=evaluate if val_ds is not None else None,
         eval_count=len(val_ds) if val_ds is not None else 0, data_description=desc,
         compat={"data": os.path.abspath(FLAGS.datadir), "image_size": size,
                 "num_classes": num_classes})
-    return loop.train(task, devices)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@
     ... --noamp                         # fp32, for comparison
     ... --num_devices 2                 # SPMD data parallel (sets CPU_NUM_DEVICES on XLA:CPU)
     ... --checkpoint /tmp/ck.pt  then  --resume /tmp/ck.pt --checkpoint /tmp/ck.pt
+    # PyTorch/XLA's test/test_train_mp_mnist_amp.py command lines work too:
+    ... --use_syncfree_optim --num_cores=1 --fake_data --num_steps=3 --metrics_debug
 
 Training step: ``xla_amp.autocast`` (the device's policy: bf16 on TPU and
 CPU) + ``xla_amp.GradScaler`` + an ``xla_amp.syncfree`` optimizer, one XLA
@@ -25,7 +27,7 @@ from absl import app, flags
 
 from xla_amp_launch import data, loop
 from xla_amp_launch.devices import setup_devices
-from xla_amp_launch.flags import define_flags
+from xla_amp_launch.flags import apply_test_run_flags, define_flags, print_metrics_report
 
 FLAGS = flags.FLAGS
 
@@ -47,7 +49,7 @@ def main(argv):
     digits = None
     if not FLAGS.fake_data:
         try:
-            digits = (mnist_data.load_mnist_idx(FLAGS.datadir) if FLAGS.datadir
+            digits = (mnist_data.load_mnist_idx(_idx_dir(FLAGS.datadir)) if FLAGS.datadir
                       else mnist_data.load_sklearn_digits())
         except mnist_data.DataDirError as e:
             print(f"error: {e}", file=sys.stderr)
@@ -80,7 +82,19 @@ def main(argv):
                 digits.test_x, digits.test_y, eval_bs, transform=mnist_data.normalize),
             eval_count=len(digits.test_y), data_description=digits.describe(),
             compat={"data": digits.source})
-    return loop.train(task, devices)
+    status = loop.train(apply_test_run_flags(task), devices)
+    print_metrics_report()
+    return status
+
+
+def _idx_dir(datadir: str) -> str:
+    """PyTorch/XLA's MNIST launcher downloads into DATADIR/<ordinal>/MNIST/raw:
+    that --datadir works as it is."""
+    per_ordinal = os.path.join(datadir, "0")
+    if (not os.path.isdir(os.path.join(datadir, "MNIST"))
+            and os.path.isdir(os.path.join(per_ordinal, "MNIST", "raw"))):
+        return per_ordinal
+    return datadir
 
 
 if __name__ == "__main__":

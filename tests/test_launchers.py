@@ -1,6 +1,7 @@
 """The AMP launchers (scripts/train_mnist_amp.py, scripts/train_imagenet_amp.py)
 run end to end in subprocesses with tiny sizes; a resumed run equals an
 uninterrupted one bit for bit; bad input gets one clear message."""
+import json
 import os
 import re
 import subprocess
@@ -90,13 +91,15 @@ def test_mnist_resume_equals_uninterrupted_run(tmp_path):
 
 
 def test_mnist_idx_datadir_on_two_devices_spmd(tmp_path):
-    """--datadir reads MNIST idx files (gzipped here); --num_devices 2 trains
+    """--datadir reads MNIST idx files (gzipped here, in torchvision's
+    MNIST/raw/ below PyTorch/XLA's per-ordinal folder); --num_devices 2 trains
     SPMD data parallel, still one graph execution per step."""
     d = mnist_data.load_sklearn_digits()
     small = mnist_data.Digits(d.train_x[:256], d.train_y[:256], d.test_x[:50],
                               d.test_y[:50], "subset")
-    mnist_data.write_mnist_idx(str(tmp_path / "MNIST" / "raw"), small, gz=True)
-    back = mnist_data.load_mnist_idx(str(tmp_path))
+    # PyTorch/XLA's MNIST launcher downloads into DATADIR/<ordinal>/MNIST/raw
+    mnist_data.write_mnist_idx(str(tmp_path / "0" / "MNIST" / "raw"), small, gz=True)
+    back = mnist_data.load_mnist_idx(str(tmp_path / "0"))
     assert back.train_x.shape == (256, 1, 28, 28) and torch.equal(back.train_y, small.train_y)
     assert (back.train_x - small.train_x).abs().max() <= 0.5 / 255 + 1e-6
 
@@ -176,19 +179,44 @@ def _image_folder(root, classes=("cat", "dog"), train=6, val=3, size=(40, 48)):
                     root / split / c / f"{i}.png")
 
 
+# PyTorch/XLA's launchers' command lines (test/test_train_mp_{mnist,imagenet}_amp.py)
+MNIST_PTXLA = ["--use_syncfree_optim", "--num_cores=1", "--batch_size=32", "--num_epochs=1",
+               "--num_steps=3", "--test_set_batch_size=160", "--drop_last", "--log_steps=4",
+               "--metrics_debug"]
+IMAGENET_PTXLA = ["--model=resnet18", "--fake_data", "--num_steps=2", "--batch_size=2",
+                  "--test_set_batch_size=2", "--drop_last", "--num_workers=0",
+                  "--use_syncfree_optim", "--metrics_debug"]
+
+
+def assert_metrics_report(proc):
+    """--metrics_debug: torch_xla's metrics report after the summary."""
+    report = proc.stdout.rsplit("wall time", 1)[-1]
+    assert "Metric: CompileTime" in report and "Metric: ExecuteTime" in report, proc.stdout
+
+
 @pytest.mark.parametrize("policy", ["tpu", "cuda"])  # the default (cpu) runs above
 def test_mnist_trains_under_every_policy(policy):
     """cuda: with its default float16 (slow on XLA:CPU: a few steps only).
     tpu: with bf16 weights and an fp32 master copy (--precision bf16_master)
     and an fp32 rule on a layer whose weights are bf16 (--module_policy); the
-    optimizer modes themselves are tested in tests/test_low_precision.py."""
-    extra = ["--precision", "bf16_master", "--module_policy", "fc2=fp32"] if policy == "tpu" else []
-    proc = launch("train_mnist_amp.py", *MNIST_TINY, "--max_steps", 3, "--policy", policy, *extra)
+    optimizer modes themselves are tested in tests/test_low_precision.py.
+    The tpu run is spelled as PyTorch/XLA's MNIST launcher's command line:
+    3 steps per epoch (--num_steps), 3 evaluation batches of 160 of the 360
+    held-out images, the partial third one dropped (--drop_last): 320."""
+    if policy == "tpu":
+        args = [*MNIST_PTXLA, "--precision", "bf16_master", "--module_policy", "fc2=fp32"]
+    else:
+        args = [*MNIST_TINY, "--max_steps", 3]
+    proc = launch("train_mnist_amp.py", *args, "--policy", policy)
     assert proc.returncode == 0, proc.stderr[-3000:]
     dtype = "float16" if policy == "cuda" else "bfloat16"
     assert f"AMP {dtype} (policy {policy})" in proc.stdout, proc.stdout
-    if extra:
+    if policy == "tpu":
         assert "bf16 weights" in proc.stdout and "module policies fc2=fp32" in proc.stdout
+        assert "xla_amp.syncfree.Adam" in proc.stdout and "3 steps/epoch" in proc.stdout
+        assert "(320 images)" in summary(proc, "accuracy")
+        assert "3 steps" in summary(proc, "throughput")
+        assert_metrics_report(proc)
     assert "1.00 graph executions/step" in summary(proc, "XLA")
 
 
@@ -197,13 +225,76 @@ def test_imagenet_resnet_trains_under_every_policy(policy):
     """ResNet's bn -> relu -> max_pool under the cuda/cpu rules (batch_norm
     uncast, bf16 input with fp32 weights) used to fail XLA's verifier in the
     first backward; the engine's XLA adaptations make every policy train."""
-    flags = [] if policy is None else ["--policy", policy]
-    proc = launch("train_imagenet_amp.py", "--model", "resnet18", "--image_size", 32,
-                  "--batch_size", 2, "--max_steps", 2, "--num_classes", 10, *flags)
+    # the default policy's run is spelled as PyTorch/XLA's ImageNet launcher's command line
+    args = (IMAGENET_PTXLA if policy is None else
+            ["--model", "resnet18", "--batch_size", 2, "--max_steps", 2, "--policy", policy])
+    proc = launch("train_imagenet_amp.py", *args, "--image_size", 32, "--num_classes", 10)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "n/a (fake data)" in summary(proc, "accuracy")
     assert "note: using the 'tpu'" not in proc.stdout
     assert "1.00 graph executions/step" in summary(proc, "XLA")
+    if policy is None:
+        assert "xla_amp.syncfree.SGD" in proc.stdout and "2 steps/epoch" in proc.stdout
+        assert_metrics_report(proc)
+
+
+PARSE = """
+import importlib.util, json, sys
+from absl import flags
+spec = importlib.util.spec_from_file_location("launcher", sys.argv[1])
+spec.loader.exec_module(importlib.util.module_from_spec(spec))
+values = []
+for argv in json.loads(sys.argv[2]):
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS([sys.argv[1], *argv])
+    values.append({name: flags.FLAGS[name].value for name in flags.FLAGS})
+print(json.dumps(values))
+"""
+
+
+def parse_flags(script, *command_lines):
+    """Each command line's flag values, as the launcher parses them (one
+    process; the launcher's flags are defined, its main() not run)."""
+    proc = subprocess.run([sys.executable, "-c", PARSE, os.path.join(SCRIPTS, script),
+                           json.dumps(command_lines)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+# PyTorch/XLA's flag -> (our flag, the value their command line gives it)
+PTXLA_FLAGS = {
+    "use_syncfree_optim": ("syncfree", True), "num_cores": ("num_devices", 2),
+    "test_set_batch_size": ("eval_batch_size", 8), "num_steps": ("num_steps", 3),
+    "log_steps": ("log_steps", 1), "metrics_debug": ("metrics_debug", True),
+    "drop_last": ("drop_last", True), "num_workers": ("num_workers", 4),
+    "batch_size": ("batch_size", 16), "num_epochs": ("num_epochs", 18),
+    "lr": ("lr", 0.01), "momentum": ("momentum", 0.5), "target_accuracy": ("target_accuracy", 98.0),
+    "logdir": ("logdir", "/tmp/tb"), "datadir": ("datadir", "/tmp/mnist-data"),
+}
+
+
+@pytest.mark.parametrize("script", ["train_mnist_amp.py", "train_imagenet_amp.py"])
+def test_pytorch_xla_flags_set_ours(script):
+    """Their spelling (`--flag` for their store_true flags, `--flag=value`)
+    sets the value of ours; aliases parse in order with our own name."""
+    theirs = ["--use_syncfree_optim" if f == "use_syncfree_optim" else
+              f"--{f}" if v is True else f"--{f}={v}" for f, (_, v) in PTXLA_FLAGS.items()]
+    extra = ["--model=resnet18", "--amp"] if "imagenet" in script else []
+    full, faked, syncfree_off, syncfree_on, default = parse_flags(
+        script, ["--nosyncfree", *theirs, *extra], ["--fake_data"],
+        ["--use_syncfree_optim", "--nouse_syncfree_optim"],
+        ["--nosyncfree", "--use_syncfree_optim"], [])
+    for flag, (ours, value) in PTXLA_FLAGS.items():
+        assert full[ours] == value, (flag, ours, full[ours])
+        assert full[flag] == value  # an alias reads as its flag
+    assert faked["fake_data"] is True
+    assert syncfree_off["syncfree"] is False and syncfree_on["syncfree"] is True
+    assert default["syncfree"] is True and default["num_devices"] == 1
+    assert default["num_steps"] is None and not default["drop_last"]
+    assert not default["metrics_debug"]
+    if extra:
+        assert full["model"] == "resnet18" and full["amp"] is True
 
 
 def _executions(proc):

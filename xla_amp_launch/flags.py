@@ -17,8 +17,10 @@ DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp1
 def define_flags(*, batch_size: int, num_epochs: int, lr: float, optimizer: str = "sgd",
                  momentum: float = 0.9, weight_decay: float = 0.0, log_steps: int = 10,
                  fake_data: bool = False, eval_batch_size: Optional[int] = None,
-                 lr_schedule: str = "constant") -> None:
-    """Define the launchers' common flags, with per-launcher defaults."""
+                 lr_schedule: str = "constant", num_workers: int = 2) -> None:
+    """Define the launchers' common flags, with per-launcher defaults, and
+    PyTorch/XLA's launcher flags (test/args_parse.py and its AMP launchers)
+    as the same flags or aliases (docs/launchers.md has the table)."""
     # Policy names come from xla_amp; importing it does not start the runtime.
     from xla_amp import policies
 
@@ -81,6 +83,22 @@ def define_flags(*, batch_size: int, num_epochs: int, lr: float, optimizer: str 
     flags.DEFINE_integer("log_steps", log_steps, "Read loss/accuracy/scale back from the "
                          "device (one transfer) every this many steps.", lower_bound=1)
     flags.DEFINE_bool("progress", True, "Show a progress bar per epoch.")
+    flags.DEFINE_integer("num_workers", num_workers, "DataLoader worker processes for data "
+                         "read from files (ImageFolder); in-memory data has no loader.",
+                         lower_bound=0)
+
+    # PyTorch/XLA's launchers' names for flags above, and their test-run flags
+    flags.DEFINE_alias("use_syncfree_optim", "syncfree")
+    flags.DEFINE_alias("num_cores", "num_devices")
+    flags.DEFINE_alias("test_set_batch_size", "eval_batch_size")
+    flags.DEFINE_integer("num_steps", None, "At most this many training steps per epoch, and "
+                         "evaluation batches per evaluation (PyTorch/XLA's short test runs; "
+                         "--max_steps counts steps over the whole run).", lower_bound=1)
+    flags.DEFINE_bool("drop_last", False, "Drop the last, partial evaluation batch (default: "
+                      "padded and masked, every held-out sample counts). Training always "
+                      "drops an epoch's partial batch: every step has one shape, one graph.")
+    flags.DEFINE_bool("metrics_debug", False, "Print torch_xla's metrics report "
+                      "(torch_xla.debug.metrics.metrics_report()) at the end.")
 
     flags.register_validator("resume", lambda p: p is None or os.path.isfile(p),
                              message="--resume must name an existing checkpoint file")
@@ -119,3 +137,36 @@ def _module_policy_ok(text) -> bool:
     except ValueError:
         return False
     return all(v == "fp32" or v in policies.names() for v in rules.values())
+
+
+def apply_test_run_flags(task):
+    """The task with --num_steps and --drop_last applied (PyTorch/XLA's
+    meaning): at most --num_steps training steps per epoch and evaluation
+    batches per evaluation; --drop_last leaves out the partial evaluation
+    batch. ``task`` is an xla_amp_launch.loop.Task."""
+    import dataclasses
+    import itertools
+
+    limit = FLAGS.num_steps
+    if limit:
+        task.train.steps_per_epoch = min(task.train.steps_per_epoch, limit)
+        task = dataclasses.replace(task, compat=dict(task.compat, num_steps=limit))
+    if task.evaluate is None or not (limit or FLAGS.drop_last):
+        return task
+    batch = FLAGS.eval_batch_size or FLAGS.batch_size
+    count = min(task.eval_count, limit * batch) if limit else task.eval_count
+    if FLAGS.drop_last:
+        count -= count % batch
+    evaluate = task.evaluate
+
+    def limited():
+        batches = itertools.islice(evaluate(), limit)  # limit None: all
+        yield from (b for b in batches if not FLAGS.drop_last or bool(b[2].all()))
+    return dataclasses.replace(task, evaluate=limited, eval_count=count)
+
+
+def print_metrics_report() -> None:
+    """--metrics_debug: torch_xla's metrics report, as PyTorch/XLA's launchers print it."""
+    if FLAGS.metrics_debug:
+        import torch_xla.debug.metrics as met
+        print(met.metrics_report(), flush=True)
