@@ -25,8 +25,8 @@ venv: $(STAMP)
 # rename, not overwrite: running processes keep the old file mapped.
 EXT_SUFFIX = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 define install_lib
-@cp $(1) xla_amp/.C.so.tmp && mv -f xla_amp/.C.so.tmp xla_amp/_C$(EXT_SUFFIX)
-@cp $(2) xla_amp/._build_info.py.tmp && mv -f xla_amp/._build_info.py.tmp xla_amp/_build_info.py
+@install -m 755 $(1) xla_amp/.C.so.tmp && mv -f xla_amp/.C.so.tmp xla_amp/_C$(EXT_SUFFIX)
+@install -m 644 $(2) xla_amp/._build_info.py.tmp && mv -f xla_amp/._build_info.py.tmp xla_amp/_build_info.py
 endef
 
 # The extension is rebuilt (incrementally, with ninja) only when csrc/ or
