@@ -130,11 +130,17 @@ def test_diff_between_policies(device):
     x = torch.randn(2, 3, 8, 8, device=device)
     tpu, cuda = xla_amp.explain(m, x, policy="tpu"), xla_amp.explain(m, x, policy="cuda")
     diff = {(r["module"], r["op"]): r for r in tpu.diff(cuda).rows}
-    assert diff[("0.conv", "aten::conv2d")]["dtype"] == ["bfloat16", "float16"]
+    # bf16 under tpu and fp16 under cuda is the same decision: conv2d is no difference
+    assert ("0.conv", "aten::conv2d") not in diff and ("4", "aten::linear") not in diff
     assert diff[("0.bn", "aten::batch_norm")]["category"] == ["fp32", "fp32_compute"]
     assert diff[("0", "aten::relu")]["category"] == ["lower_precision_fp", "none"]
+    assert diff[("0", "aten::relu")]["dtype"] == ["bfloat16", "float16"]
     assert len(tpu.diff(tpu)) == 0
-    assert "| 0.conv | aten::conv2d |" in tpu.diff(cuda).table()
+    # an override makes exactly its op differ
+    fp32_linear = xla_amp.explain(m, x, policy=_policy("tpu+linear_fp32"))
+    assert [(r["module"], r["op"], r["dtype"]) for r in tpu.diff(fp32_linear).rows] == [
+        ("4", "aten::linear", ["bfloat16", "float32"])]
+    assert "| 0.bn | aten::batch_norm | fp32 | fp32_compute |" in tpu.diff(cuda).table()
     assert "(tpu)" in tpu.diff(cuda).table() and "(cuda)" in tpu.diff(cuda).table()
 
 

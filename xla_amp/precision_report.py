@@ -86,15 +86,22 @@ class PrecisionReport:
             out[(r["module"], r["op"])][(r["category"], r["dtype"])] += r["count"]
         return out
 
+    def _classes(self, key, by_op) -> list[tuple[str, str]]:
+        # the region's own lower-precision dtype reads "lower": bf16 under one
+        # policy and fp16 under another is the same decision
+        return sorted((c, "lower" if d == self.dtype else d) for c, d in by_op.get(key, {}))
+
     def diff(self, other: "PrecisionReport") -> "ReportDiff":
         """The (module, op) pairs whose category or dtype differ between the two
         reports (e.g. one model under two policies), an op missing on one
-        side included; call counts alone do not make a difference."""
+        side included. Each report's own lower-precision dtype counts as the
+        same ("lower"), so tpu's bf16 against cuda's fp16 is no difference;
+        call counts alone are none either. Rows show the actual dtypes."""
         mine, theirs = self.by_op(), other.by_op()
         rows = []
         for key in list(mine) + [k for k in theirs if k not in mine]:
-            a, b = sorted(mine.get(key, {})), sorted(theirs.get(key, {}))
-            if a != b:
+            if self._classes(key, mine) != other._classes(key, theirs):
+                a, b = sorted(mine.get(key, {})), sorted(theirs.get(key, {}))
                 rows.append({"module": key[0], "op": key[1],
                              "category": [_join(c for c, _ in a), _join(c for c, _ in b)],
                              "dtype": [_join(d for _, d in a), _join(d for _, d in b)]})

@@ -1,0 +1,116 @@
+"""What the numerics tools cost on the MNIST training step.
+
+    PJRT_DEVICE=CPU .venv/bin/python benchmarks/numerics_tools.py [--rounds 6] [--steps 20]
+
+The launcher's MNIST network (xla_amp_launch.digits.MNISTNet, batch 128,
+28x28) trains with xla_amp.autocast (tpu rules) + GradScaler +
+syncfree.SGD; every 5th step overflows (an inf input, through a device-side
+factor so the graph stays one). Variants, each its own model, stepped in
+interleaved rounds after a warm-up that covers every graph variant:
+
+  plain     the step as the launcher runs it
+  watch     the same with xla_amp.watch_nonfinite(model) installed
+  record    the same with autocast(..., record=True) every step
+
+Printed: ms/step (median of the rounds' medians), the ratio to plain paired
+by round (median of per-round ratios: slow drifts of the machine cancel),
+and transfers / executions / compilations per measured step. Target: watch
+<= 1.05x plain.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("PJRT_DEVICE", "CPU")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import torch_xla  # noqa: E402
+import torch_xla.core.xla_model as xm  # noqa: E402
+import torch_xla.debug.metrics as met  # noqa: E402
+
+import xla_amp  # noqa: E402
+from xla_amp_launch.digits import MNISTNet  # noqa: E402
+
+METRICS = ("TransferFromDeviceTime", "ExecuteTime", "CompileTime")
+
+
+def _count(name):
+    data = met.metric_data(name)
+    return 0 if data is None else data[0]
+
+
+class Variant:
+    def __init__(self, name, dev, data):
+        torch.manual_seed(0)
+        self.name, self.dev, self.data = name, dev, data
+        self.model = MNISTNet().to(dev)
+        self.opt = xla_amp.syncfree.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        self.scaler = xla_amp.GradScaler(growth_interval=4)
+        self.watch = xla_amp.watch_nonfinite(self.model) if name == "watch" else None
+        self.i = 0
+        self.ms: list[float] = []
+        self.counts = dict.fromkeys(METRICS, 0)
+
+    def step(self):
+        x, y, one, inf = self.data
+        self.opt.zero_grad(set_to_none=True)
+        xb = x * (inf if self.i % 5 == 4 else one)
+        with xla_amp.autocast(self.dev, policy="tpu", record=self.name == "record"):
+            loss = F.cross_entropy(self.model(xb), y)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        torch_xla.sync()
+        self.i += 1
+
+    def measure(self, n):
+        xm.wait_device_ops()
+        before = {m: _count(m) for m in METRICS}
+        t = time.perf_counter()
+        for _ in range(n):
+            self.step()
+        xm.wait_device_ops()
+        self.ms.append((time.perf_counter() - t) * 1e3 / n)
+        for m in METRICS:
+            self.counts[m] += _count(m) - before[m]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--batch", type=int, default=128)
+    args = ap.parse_args()
+    dev = torch_xla.device()
+    g = torch.Generator().manual_seed(0)
+    data = (torch.randn(args.batch, 1, 28, 28, generator=g).to(dev),
+            torch.randint(0, 10, (args.batch,), generator=g).to(dev),
+            torch.tensor(1.0).to(dev), torch.tensor(float("inf")).to(dev))
+    variants = [Variant(name, dev, data) for name in ("plain", "watch", "record")]
+    for v in variants:  # warm-up: clean and overflow steps, every graph variant
+        for _ in range(10):
+            v.step()
+    for r in range(args.rounds):
+        for v in (variants if r % 2 == 0 else variants[::-1]):
+            v.measure(args.steps)
+    plain = variants[0]
+    n = args.rounds * args.steps
+    print(f"MNIST step (batch {args.batch}), {args.rounds} rounds x {args.steps} steps, "
+          "every 5th step overflows\n")
+    print("| variant | ms/step | vs plain | transfers/step | executions/step | compilations |")
+    print("|---|---|---|---|---|---|")
+    for v in variants:
+        ratio = statistics.median(a / b for a, b in zip(v.ms, plain.ms))
+        print(f"| {v.name} | {statistics.median(v.ms):.2f} | {ratio:.3f} | "
+              f"{v.counts['TransferFromDeviceTime'] / n:.2f} | "
+              f"{v.counts['ExecuteTime'] / n:.2f} | {v.counts['CompileTime']} |")
+    report = variants[1].watch.report()
+    print(f"\nwatch.report() after the run: {report}")
+
+
+if __name__ == "__main__":
+    main()
