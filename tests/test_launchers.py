@@ -221,13 +221,16 @@ def test_mnist_trains_under_every_policy(policy):
 
 
 @pytest.mark.parametrize("policy", [None, "cuda"])  # None: XLA:CPU -> cpu rules
-def test_imagenet_resnet_trains_under_every_policy(policy):
+def test_imagenet_resnet_trains_under_every_policy(policy, tmp_path):
     """ResNet's bn -> relu -> max_pool under the cuda/cpu rules (batch_norm
     uncast, bf16 input with fp32 weights) used to fail XLA's verifier in the
-    first backward; the engine's XLA adaptations make every policy train."""
+    first backward; the engine's XLA adaptations make every policy train.
+    The cuda run also writes --precision_report: fp16 at the initial scale
+    2**16 overflows ResNet-18's gradients, so its first steps are skipped."""
     # the default policy's run is spelled as PyTorch/XLA's ImageNet launcher's command line
     args = (IMAGENET_PTXLA if policy is None else
-            ["--model", "resnet18", "--batch_size", 2, "--max_steps", 2, "--policy", policy])
+            ["--model", "resnet18", "--batch_size", 2, "--max_steps", 2, "--policy", policy,
+             "--precision_report", "--logdir", tmp_path, "--log_steps", 1])
     proc = launch("train_imagenet_amp.py", *args, "--image_size", 32, "--num_classes", 10)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "n/a (fake data)" in summary(proc, "accuracy")
@@ -236,6 +239,16 @@ def test_imagenet_resnet_trains_under_every_policy(policy):
     if policy is None:
         assert "xla_amp.syncfree.SGD" in proc.stdout and "2 steps/epoch" in proc.stdout
         assert_metrics_report(proc)
+    else:
+        report = json.loads((tmp_path / "precision_report.json").read_text())
+        rows = {(r["module"], r["op"]): r for r in report["rows"]}
+        assert report["policy"] == "cuda" and report["dtype"] == "float16"
+        assert rows[("layer1.0.conv1", "aten::conv2d")]["dtype"] == "float16"
+        assert rows[("bn1", "aten::batch_norm")]["category"] == "fp32_compute"
+        assert "| layer4.1.conv2 | aten::conv2d |" in (tmp_path / "precision_report.md").read_text()
+        overflow = json.loads((tmp_path / "overflow_report.json").read_text())
+        assert "conv1.weight" in overflow["parameters"] and overflow["skipped_total"] >= 1
+        assert "inf/NaN gradients in: conv1.weight" in proc.stdout
 
 
 PARSE = """

@@ -326,6 +326,11 @@ class GradScaler(ScalerStateDict):
             return []
         return _unscale.names(optimizer, record.last_skipped if last_skipped else record.last)
 
+    def skipped_steps_tensor(self) -> Optional[torch.Tensor]:
+        """The device counter :meth:`skipped_steps` reads (int64; None before the
+        first :meth:`scale` or when disabled), to fold into another read."""
+        return self._skipped if self._enabled else None
+
     def skipped_steps(self) -> int:
         """Steps skipped (inf/NaN gradients) since construction, counted on
         the device inside the step's graph; calling this reads it (one

@@ -99,6 +99,11 @@ def define_flags(*, batch_size: int, num_epochs: int, lr: float, optimizer: str 
                       "drops an epoch's partial batch: every step has one shape, one graph.")
     flags.DEFINE_bool("metrics_debug", False, "Print torch_xla's metrics report "
                       "(torch_xla.debug.metrics.metrics_report()) at the end.")
+    flags.DEFINE_bool("precision_report", False, "Write which op ran in which dtype "
+                      "(xla_amp's precision report of the first batch's forward) and, "
+                      "whenever steps were skipped, the parameters whose gradients were "
+                      "inf/NaN (scaler.overflow_report, read only then) to --logdir "
+                      "(markdown, JSON, TensorBoard text); printed without --logdir.")
 
     flags.register_validator("resume", lambda p: p is None or os.path.isfile(p),
                              message="--resume must name an existing checkpoint file")

@@ -23,7 +23,7 @@ import math
 import time
 from typing import Callable, Iterator, Optional
 
-from xla_amp_launch import precision as precision_mod
+from xla_amp_launch import precision as precision_mod, reports
 from xla_amp_launch.checkpoint import load_checkpoint, save_checkpoint
 from xla_amp_launch.devices import Devices
 from xla_amp_launch.flags import DTYPES, FLAGS
@@ -71,6 +71,7 @@ class Run:
     eval_acc: Optional[float] = None
     global_step: int = 0
     stop: bool = False
+    skipped_seen: int = 0                   # --precision_report: skips already reported
 
 
 def make_optimizer(params, name: str, syncfree: bool, lr: float, momentum: float,
@@ -142,7 +143,7 @@ def setup(task: Task, devices: Devices) -> Run:
     precision = FLAGS.precision or ("amp" if FLAGS.amp else "fp32")
     compat["precision"] = precision
     precision_mod.prepare(model, precision, FLAGS.module_policy)
-    optimizer = make_optimizer(model.parameters(), FLAGS.optimizer, FLAGS.syncfree,
+    optimizer = make_optimizer(model.named_parameters(), FLAGS.optimizer, FLAGS.syncfree,
                                FLAGS.lr, FLAGS.momentum, FLAGS.weight_decay,
                                **precision_mod.optimizer_options(precision))
     scaler = xla_amp.GradScaler(enabled=FLAGS.amp)
@@ -231,13 +232,18 @@ def train_step(run: Run, x, y) -> None:
         if scale is None:
             scale = torch.ones((), device=dev)
         # one tensor, so that a progress read is a single transfer
-        run.monitor = torch.cat([run.totals, scale.reshape(1).float()])
+        extra = [scale.reshape(1).float()]
+        if FLAGS.precision_report and FLAGS.amp:  # the skip counter rides along
+            extra.append(run.scaler.skipped_steps_tensor().reshape(1).float())
+        run.monitor = torch.cat([run.totals, *extra])
     torch_xla.sync()
 
 
 def _log_progress(run: Run, bar: Progress, win_samples: int, win_t: float) -> float:
     """Read the device sums (the one transfer); returns the read's time."""
-    loss_sum, correct, n, scale = run.monitor.cpu().tolist()
+    loss_sum, correct, n, scale, *skipped = run.monitor.cpu().tolist()
+    if skipped:
+        reports.overflow_report(run, int(skipped[0]))
     now = time.perf_counter()
     run.windows.append((win_samples, now - win_t))
     run.last.update(loss=loss_sum / max(n, 1), acc=100.0 * correct / max(n, 1),
@@ -281,6 +287,8 @@ def train_epoch(run: Run, epoch: int) -> None:
     for step, (x, y) in enumerate(run.task.train.batches(epoch, start), start=start):
         if x.device.type == "cpu":
             x, y = run.devices.shard(x.to(dev)), run.devices.shard(y.to(dev))
+        if FLAGS.precision_report and run.steps_run == 0:
+            reports.precision_report(run, x)
         train_step(run, x, y)
         run.global_step += 1
         run.steps_run += 1
