@@ -1,6 +1,6 @@
 """Trace cost of autocast: building the forward+backward graph, no execution.
 
-    python benchmarks/trace_cost.py [--iters 200] [--rounds 3]
+    python benchmarks/trace_cost.py [--iters 200] [--rounds 6] [--before DIR]
 
 Three variants, per model (a small CNN and an MLP, batch 64):
   (a) no autocast
@@ -14,8 +14,15 @@ table shows each variant's best round: on this machine a process lands in a
 fast or a slow state (±40%, imports alike), so the minimum over several
 processes is the stable figure. Printed: b/a (what autocast costs at all)
 and c/b (target <= 1.05).
+
+Also measured in the xla_amp workers: (d) the same region with record=True
+(the precision report's cost when on). With --before DIR (a checkout of an
+earlier commit with its _C built, e.g. a git worktree), (c0) is (c) run from
+DIR as well, in the same rounds: c/c0 is what the changes since cost with
+recording off.
 """
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -51,12 +58,15 @@ def worker(kind, iters):
     os.environ.setdefault("PJRT_DEVICE", "CPU")
     import torch
     import torch_xla
-    if kind == "xla_amp":
+    variants = {"none": lambda dev: contextlib.nullcontext()}
+    if kind in ("xla_amp", "before"):
+        import inspect
         import xla_amp
-        make_ctx = lambda dev: xla_amp.autocast(dev, policy="tpu")
+        variants["autocast"] = lambda dev: xla_amp.autocast(dev, policy="tpu")
+        if "record" in inspect.signature(xla_amp.autocast.__init__).parameters:
+            variants["record"] = lambda dev: xla_amp.autocast(dev, policy="tpu", record=True)
     else:
-        make_ctx = lambda dev: torch.autocast("xla", dtype=torch.bfloat16)
-    import contextlib
+        variants["autocast"] = lambda dev: torch.autocast("xla", dtype=torch.bfloat16)
     dev = torch_xla.device()
     torch.manual_seed(0)
     x = torch.randn(64, 1, 28, 28, device=dev)
@@ -65,11 +75,11 @@ def worker(kind, iters):
     result = {}
     for name, model in models(torch).items():
         model = model.to(dev)
-        for variant, ctx in (("none", contextlib.nullcontext), ("autocast", lambda: make_ctx(dev))):
+        for variant, ctx in variants.items():
             times = []
             for i in range(iters + 20):
                 t0 = time.thread_time()
-                with ctx():
+                with ctx(dev):
                     loss = torch.nn.functional.nll_loss(model(x), y)
                 loss.backward()
                 t1 = time.thread_time()
@@ -86,15 +96,22 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--worker", choices=["stock", "xla_amp"])
+    ap.add_argument("--worker", choices=["stock", "xla_amp", "before"])
+    ap.add_argument("--before", help="an earlier checkout (its _C built) to compare (c) with")
     args = ap.parse_args()
     if args.worker:
         return worker(args.worker, args.iters)
     runs = {"stock": [], "xla_amp": []}
-    for _ in range(args.rounds):
-        for kind in runs:
+    if args.before:
+        runs["before"] = []
+    for r in range(args.rounds):
+        for kind in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+            env = dict(os.environ)
+            if kind == "before":
+                env["PYTHONPATH"] = os.path.abspath(args.before)
             out = subprocess.run([sys.executable, __file__, "--worker", kind, "--iters",
-                                  str(args.iters)], capture_output=True, text=True, check=True)
+                                  str(args.iters)], capture_output=True, text=True, check=True,
+                                 env=env)
             runs[kind].append(json.loads(out.stdout.strip().splitlines()[-1]))
     med = lambda kind, key: min(r[key] for r in runs[kind])
     print(f"Trace cost, forward+backward, batch 64: µs/step, best of {args.rounds} processes "
@@ -108,6 +125,18 @@ def main():
         b = med("stock", f"{model}/autocast")
         c = med("xla_amp", f"{model}/autocast")
         print(f"| {model} | {a:.0f} | {a2:.0f} | {b:.0f} | {c:.0f} | {b / a:.3f} | {c / b:.3f} |")
+    if "record" in runs["xla_amp"][0] or args.before:
+        print("\n| model | (c) xla_amp | (d) record=True | d/c |"
+              + (" (c0) before | c/c0 |" if args.before else ""))
+        print("|---|---|---|---|" + ("---|---|" if args.before else ""))
+        for model in ("cnn", "mlp"):
+            c = med("xla_amp", f"{model}/autocast")
+            d = med("xla_amp", f"{model}/record")
+            line = f"| {model} | {c:.0f} | {d:.0f} | {d / c:.3f} |"
+            if args.before:
+                c0 = med("before", f"{model}/autocast")
+                line += f" {c0:.0f} | {c / c0:.3f} |"
+            print(line)
 
 
 if __name__ == "__main__":
