@@ -47,8 +47,15 @@ def transformer():
 
 
 def _hlo_ops(text, opcode):
-    return collections.Counter(HLO_TYPE[t] for t in re.findall(
-        r"= (\w+)\[[^\]]*\][^ ]* " + opcode + r"\(", text))
+    """dtype -> count of `opcode` instructions (a tuple result: its first element)."""
+    out = collections.Counter()
+    for line in text.splitlines():
+        m = re.match(r"\s*(?:ROOT )?%\S+ = (.*?) ([a-z-]+)\(", line)
+        if m and m.group(2) == opcode:
+            dtype = re.search(r"(\w+)\[", m.group(1)).group(1)
+            if dtype in HLO_TYPE:  # floating results only
+                out[HLO_TYPE[dtype]] += 1
+    return out
 
 
 COMPOSITE = {"aten::linear", "aten::matmul", "aten::scaled_dot_product_attention"}
@@ -80,6 +87,10 @@ def test_rows_agree_with_hlo(device, model, policy):
     text = hlo(y)
     assert _hlo_ops(text, "dot") == _expected(report, DOTS)
     assert _hlo_ops(text, "convolution") == _expected(report, {"aten::conv2d": 1})
+    if model == "cnn":  # BatchNorm (training) and max pooling, one instruction each
+        assert _hlo_ops(text, "batch-norm-training") == _expected(
+            report, {"aten::batch_norm": 1}) != {}
+        assert _hlo_ops(text, "reduce-window") == _expected(report, {"aten::max_pool2d": 1})
     assert sum(_hlo_ops(text, "dot").values()) > 0
     dtype = {"tpu": "bfloat16", "cuda": "float16", "cpu": "bfloat16"}.get(policy, "bfloat16")
     linear = [r for r in report.rows if r["op"] == "aten::linear"]
