@@ -11,6 +11,9 @@ interleaved rounds after a warm-up that covers every graph variant:
   plain     the step as the launcher runs it
   watch     the same with xla_amp.watch_nonfinite(model) installed
   record    the same with autocast(..., record=True) every step
+  fused     GradScaler's unscale as before overflow_report existed: PyTorch/
+            XLA's fused check-and-unscale, no per-gradient flags (so
+            plain/fused is what the flags cost)
 
 Printed: ms/step (median of the rounds' medians), the ratio to plain paired
 by round (median of per-round ratios: slow drifts of the machine cancel),
@@ -33,7 +36,27 @@ import torch_xla.core.xla_model as xm  # noqa: E402
 import torch_xla.debug.metrics as met  # noqa: E402
 
 import xla_amp  # noqa: E402
+from xla_amp import _scaler_unscale  # noqa: E402
 from xla_amp_launch.digits import MNISTNet  # noqa: E402
+
+PER_GRADIENT_UNSCALE = _scaler_unscale.unscale
+
+
+def fused_unscale(grads, inv_scale):
+    """found_inf from PyTorch/XLA's fused op; flags all False (not computed)."""
+    found, flags = {}, []
+    with torch.no_grad():
+        for device, per_dtype in grads.items():
+            f = torch.zeros((), dtype=torch.float32, device=device)
+            positions = []
+            for entries in per_dtype.values():  # float32 gradients here
+                torch._amp_foreach_non_finite_check_and_unscale_(
+                    [g for g, _ in entries], f, inv_scale.to(device))
+                positions += [pos for _, pos in entries]
+            found[device] = f
+            flags.append((positions, torch.zeros(len(positions), dtype=torch.bool,
+                                                 device=device)))
+    return found, flags
 
 METRICS = ("TransferFromDeviceTime", "ExecuteTime", "CompileTime")
 
@@ -56,6 +79,8 @@ class Variant:
         self.counts = dict.fromkeys(METRICS, 0)
 
     def step(self):
+        _scaler_unscale.unscale = (fused_unscale if self.name == "fused"
+                                   else PER_GRADIENT_UNSCALE)
         x, y, one, inf = self.data
         self.opt.zero_grad(set_to_none=True)
         xb = x * (inf if self.i % 5 == 4 else one)
@@ -90,7 +115,7 @@ def main():
     data = (torch.randn(args.batch, 1, 28, 28, generator=g).to(dev),
             torch.randint(0, 10, (args.batch,), generator=g).to(dev),
             torch.tensor(1.0).to(dev), torch.tensor(float("inf")).to(dev))
-    variants = [Variant(name, dev, data) for name in ("plain", "watch", "record")]
+    variants = [Variant(name, dev, data) for name in ("plain", "watch", "record", "fused")]
     for v in variants:  # warm-up: clean and overflow steps, every graph variant
         for _ in range(10):
             v.step()
