@@ -189,8 +189,8 @@ IMAGENET_PTXLA = ["--model=resnet18", "--fake_data", "--num_steps=2", "--batch_s
 
 
 def assert_metrics_report(proc):
-    """--metrics_debug: torch_xla's metrics report after the summary."""
-    report = proc.stdout.rsplit("wall time", 1)[-1]
+    """--metrics_debug: torch_xla's metrics report after each epoch's line."""
+    report = proc.stdout.split("epoch 1/", 1)[-1].split("=" * 28 + " summary", 1)[0]
     assert "Metric: CompileTime" in report and "Metric: ExecuteTime" in report, proc.stdout
 
 

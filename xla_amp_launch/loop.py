@@ -26,7 +26,7 @@ from typing import Callable, Iterator, Optional
 from xla_amp_launch import precision as precision_mod, reports
 from xla_amp_launch.checkpoint import load_checkpoint, save_checkpoint
 from xla_amp_launch.devices import Devices
-from xla_amp_launch.flags import DTYPES, FLAGS
+from xla_amp_launch.flags import DTYPES, FLAGS, print_metrics_report
 from xla_amp_launch.metrics import Counters, Progress, fmt_rate, fmt_scale
 from xla_amp_launch.summary import summary
 
@@ -328,6 +328,7 @@ def train_epoch(run: Run, epoch: int) -> None:
     if FLAGS.amp:
         line += f", loss scale {fmt_scale(run.last['scale'])}"
     print(line, flush=True)
+    print_metrics_report()  # --metrics_debug: after each epoch, as PyTorch/XLA's launchers
     if run.writer and run.eval_acc is not None:
         run.writer.add_scalar("eval/accuracy", run.eval_acc, run.global_step)
     checkpoint(run, pos)
