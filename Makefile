@@ -78,9 +78,9 @@ test: build
 # policy (make test runs a subset), one model at a time: RegNet-Y alone grows
 # past 8 GB while it compiles, and two large models side by side were killed
 # for memory on 24 GB.
-# ZOO_SHARD=I/N runs the I-th of N shares (CI: two jobs, .ci/zoo 1/2 and 2/2).
+# Six models, ~6 minutes on 2 cores (session 7); --durations shows each.
 zoo: build
-	$(PY) -m pytest -q -m zoo tests/test_zoo.py $(if $(ZOO_SHARD),--zoo-shard=$(ZOO_SHARD)) --durations=0
+	$(PY) -m pytest -q -m zoo tests/test_zoo.py --durations=0
 
 # DenseNet-121 alone, one process per variant: 25 minutes on 2 cores, peak ~10 GB
 # (the four variants in one process grew past 23 GB; not in CI).

@@ -19,23 +19,3 @@ import xla_amp  # noqa: E402,F401
 def device():
     return torch_xla.device()
 
-
-def pytest_addoption(parser):
-    parser.addoption("--zoo-shard", default=None, metavar="I/N",
-                     help="run the I-th of N shares of the `zoo`-marked tests (round robin "
-                          "over their models): CI runs the sweep as N jobs")
-
-
-def pytest_collection_modifyitems(config, items):
-    shard = config.getoption("--zoo-shard")
-    if not shard:
-        return
-    try:
-        i, n = (int(v) for v in shard.split("/"))
-        assert 1 <= i <= n
-    except (ValueError, AssertionError):
-        raise pytest.UsageError(f"--zoo-shard: expected I/N with 1 <= I <= N, got {shard!r}")
-    zoo = [item for item in items if item.get_closest_marker("zoo")]
-    dropped = [item for k, item in enumerate(zoo) if k % n != i - 1]
-    items[:] = [item for item in items if item not in dropped]
-    config.hook.pytest_deselected(items=dropped)
