@@ -37,6 +37,50 @@ def _descend(device, cls, fused, after_step=None, **flags):
     return p, opt
 
 
+def _bf16_neighbours(x):
+    """The bf16 values just below and above |x| (float32, CPU, by bits)."""
+    bits = x.abs().view(torch.int32)
+    down = (bits & ~0xFFFF).view(torch.float32)
+    up = ((bits | 0xFFFF) + 1).view(torch.float32)
+    exact = (bits & 0xFFFF) == 0
+    return down, torch.where(exact, down, up)
+
+
+def test_round_stochastic_takes_a_neighbour_without_bias(device):
+    """Every binade's edges (just below / above powers of two), negatives,
+    exact bf16 values, subnormal-range and non-finite values: the result is
+    one of the two bf16 neighbours of x, exact values stay, and over 4096
+    draws per value the mean is x (|error| < 4 standard errors)."""
+    from xla_amp.syncfree._low_precision import _round_stochastic
+    g = torch.Generator().manual_seed(0)
+    base = torch.cat([torch.randn(64, generator=g) * 10.0 ** torch.randint(-30, 30, (64,),
+                                                                         generator=g),
+                      torch.tensor([1.0, 2.0, 0.5, 3.0, -1.0])])  # exact bf16 values
+    near_pow2 = torch.tensor([2.0 ** k for k in (-100, -3, 0, 1, 7, 100)])
+    values = torch.cat([base, near_pow2 * (1 - 2.0 ** -12), near_pow2 * (1 + 2.0 ** -12),
+                        -near_pow2 * (1 + 2.0 ** -10)])
+    draws = 4096
+    x = values.repeat(draws, 1)
+    rounded = torch.stack([_round_stochastic(x[i].to(device), torch.tensor(
+        i * 7919, dtype=torch.int64).to(device)) for i in range(0, draws, 512)])
+    # one call per 512 draws is enough for the neighbour check; the mean uses all
+    got = _round_stochastic(x.to(device), torch.tensor(3, dtype=torch.int64).to(device))
+    got, rounded = got.float().cpu(), rounded.float().cpu()
+    down, up = _bf16_neighbours(values)
+    for r in (got, rounded):
+        mag = r.abs()
+        assert bool(((mag == down) | (mag == up)).all())
+        assert bool((torch.sign(r) == torch.sign(values)).all())
+    spacing = (up - down).clamp_min(1e-45)
+    p_up = (values.abs() - down) / spacing
+    mean_up = ((got.abs() == up) & (up != down)).float().mean(0)
+    stderr = (p_up * (1 - p_up) / draws).sqrt().clamp_min(1 / draws)
+    assert bool(((mean_up - p_up).abs() < 4 * stderr).all()), (mean_up - p_up).abs().max()
+    special = torch.tensor([0.0, -0.0, 1e-40, float("inf"), -float("inf"), float("nan")])
+    out = _round_stochastic(special.to(device), torch.tensor(1, dtype=torch.int64).to(device))
+    assert_same(out.cpu(), special.to(device).to(torch.bfloat16).cpu())  # round to nearest
+
+
 @pytest.mark.parametrize("fused", FUSED)
 @pytest.mark.parametrize("cls", [syncfree.SGD, syncfree.Adam])
 def test_stochastic_rounding_keeps_updates_below_resolution(device, cls, fused):

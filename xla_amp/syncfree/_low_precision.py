@@ -152,38 +152,74 @@ def _key(opt, p: torch.Tensor) -> int:
     return mixed << 32
 
 
+def _i32(c: int) -> int:
+    """A 32-bit constant as the int32 value with the same bits."""
+    return c - (1 << 32) if c >= 1 << 31 else c
+
+
+_axes: dict = {}  # (length, device) -> arange(length), int32, on the device
+
+
+def _element_index(shape: tuple, device) -> torch.Tensor:
+    """Each element's row-major index (int32), as a sum of one small arange
+    per dimension, broadcast: on PyTorch/XLA a torch.arange of a whole
+    parameter costs ~90 ns of host time per element, every step (ResNet-18:
+    1 s of its SR step); the per-dimension ones are made once and kept."""
+    index, stride = torch.zeros((), dtype=torch.int32, device=device), 1
+    for k in reversed(range(len(shape))):
+        axis = _axes.get((shape[k], str(device)))
+        if axis is None:
+            axis = _axes[(shape[k], str(device))] = torch.arange(
+                shape[k], dtype=torch.int32, device=device)
+        index = index + axis.view([-1 if j == k else 1 for j in range(len(shape))]) * stride
+        stride *= shape[k]
+    return index
+
+
 def _random16(counter: torch.Tensor, shape, device) -> torch.Tensor:
-    """16 random bits per element (int32), a hash of counter and index."""
-    i = torch.arange(int(torch.Size(shape).numel()), dtype=torch.int64, device=device)
-    x = (i * 0x9E3779B1 + (counter & _M32) * 0x85EBCA77 + (counter >> 32) * 0xC2B2AE3D) & _M32
-    x = x ^ (x >> 16)
-    x = (x * 0x85EBCA6B) & _M32
-    x = x ^ (x >> 13)
-    x = (x * 0xC2B2AE35) & _M32
-    x = x ^ (x >> 16)
-    return (x & 0xFFFF).to(torch.int32).reshape(shape)
+    """16 random bits per element (int32), a hash of counter and index.
+    Wrapping int32 arithmetic (a murmur3-style finaliser; `>>` is
+    arithmetic, so each shift is masked to a logical one): XLA:CPU's int64
+    multiplies cost twice as much."""
+    seed = ((counter & _M32) * 0x85EBCA77 + (counter >> 32) * 0xC2B2AE3D) & _M32
+    x = _element_index(tuple(shape), device)
+    x = x * _i32(0x9E3779B1) + (seed - ((seed >> 31) << 32)).to(torch.int32)
+    x = x ^ ((x >> 16) & 0xFFFF)
+    x = x * _i32(0x85EBCA6B)
+    x = x ^ ((x >> 13) & 0x7FFFF)
+    x = x * _i32(0xC2B2AE35)
+    x = x ^ ((x >> 16) & 0xFFFF)
+    return x & 0xFFFF
 
 
 def _round_stochastic(x: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
-    """float32 -> bfloat16, rounding up with probability equal to the
+    """float32 -> bfloat16, rounding |x| up with probability equal to the
     dropped fraction. Plain arithmetic (a bit-level version needs
-    Tensor.view(dtype), which PyTorch/XLA runs on the host): with e the
-    binade of |x| and ulp = 2**(e - 7) bf16's spacing there, |x| / ulp is
-    exact and its fraction has 16 bits; 16 random bits below it decide."""
+    Tensor.view(dtype), which PyTorch/XLA runs on the host), all of it
+    exact::
+
+        v  = bf16(|x|)                    round to nearest
+        c  = bf16(v * (1 + 2**-8))        v + spacing(v); v itself when v is a
+                                          power of two (the tie stays even)
+        s  = c - v, or v * 2**-7 when c == v      bf16's spacing above v
+        |x| < v: the interval is [v - s', v], s' = s (s / 2 below a power of two)
+        |x| >= v: [v, v + s]
+        fraction = (|x| - low) / spacing  (16 bits), against 16 random bits
+
+    Zero, tiny values (spacing subnormal), inf/NaN and values that round
+    past bf16's largest: round to nearest."""
     a = x.abs()
-    one = torch.ones_like(a)
-    e = torch.floor(torch.log2(a))  # XLA's log2 may miss by one at a power of two
-    p = torch.ldexp(one, e.to(torch.int32))
-    e = torch.where(p > a, e - 1, torch.where(p * 2 <= a, e + 1, e))
-    ulp = torch.ldexp(one, (e - 7).to(torch.int32))
-    q = a / ulp
-    lo = torch.floor(q)
+    v = a.to(torch.bfloat16).float()
+    c = (v * (1 + 2.0 ** -8)).to(torch.bfloat16).float()
+    pow2 = c == v
+    s = torch.where(pow2, v * 2.0 ** -7, c - v)
+    below = a < v
+    spacing = torch.where(below & pow2, s * 0.5, s)
+    low = torch.where(below, v - spacing, v)
     u = _random16(counter, x.shape, x.device).to(torch.float32) * 2.0 ** -16
-    up = (lo + (u < q - lo).to(torch.float32)) * ulp
-    rounded = torch.where(x < 0, -up, up)
-    # zero, tiny values (ulp would be subnormal, where ldexp is not exact) and
-    # inf/NaN: round to nearest
-    ordinary = (a >= 2.0 ** -118) & torch.isfinite(x)
+    mag = low + spacing * (u < (a - low) / spacing).to(torch.float32)
+    rounded = torch.where(x < 0, -mag, mag)
+    ordinary = (a >= 2.0 ** -118) & torch.isfinite(c)
     return torch.where(ordinary, rounded, x).to(torch.bfloat16)
 
 
