@@ -97,6 +97,7 @@ def step(opt, gi: int, group: dict[str, Any], skip, params: list[torch.Tensor],
     olds = {i: params[i].data for i in low}
     master = group.get("master_weights")
     grads = list(grads)
+    positions = None  # parameter -> position in the optimizer, built when first needed
     for i in low:
         p = params[i]
         st = opt.state[p]
@@ -106,7 +107,11 @@ def step(opt, gi: int, group: dict[str, Any], skip, params: list[torch.Tensor],
             p.data = st[_MASTER]
         else:
             if _COUNTER not in st:
-                st[_COUNTER] = torch.full((), _key(opt, p), dtype=torch.int64, device=p.device)
+                if positions is None:
+                    positions = {id(q): k for k, q in enumerate(
+                        q for g in opt.param_groups for q in g["params"])}
+                st[_COUNTER] = torch.full((), _key(positions[id(p)]), dtype=torch.int64,
+                                          device=p.device)
             p.data = p.detach().float()
         grads[i] = grads[i].float()
         _retype_state(opt, st, torch.float32)
@@ -142,12 +147,10 @@ def _retype_state(opt, st: dict[str, Any], dtype: torch.dtype) -> None:
             st[key] = v.to(dtype)
 
 
-def _key(opt, p: torch.Tensor) -> int:
+def _key(position: int) -> int:
     """High half of a parameter's counter: the process seed mixed with the
     parameter's position in the optimizer (positions are what a checkpoint
     keeps)."""
-    position = next(i for i, q in enumerate(q for g in opt.param_groups for q in g["params"])
-                    if q is p)
     mixed = (torch.initial_seed() * 0x9E3779B1 + position * 0x85EBCA77) & 0x7FFFFFFF
     return mixed << 32
 
