@@ -40,7 +40,7 @@ import threading
 import torch
 import torch.fx
 
-from xla_amp import _engine
+from xla_amp import _engine, _recording
 from xla_amp.autocast import _tell_pre_dispatch_mode, autocast
 from xla_amp.policies._policy import Policy
 
@@ -231,6 +231,7 @@ def install() -> None:
     # Eager code around a graph break builds and enters regions: never
     # compile those frames on their own (a half-built region is not one).
     for fn in (autocast.__init__, autocast._build, autocast.__enter__, autocast.__exit__,
+               autocast._leave, autocast._begin_recording, _recording.begin, _recording.end,
                _tell_pre_dispatch_mode, _region, _enter, _exit):
         skip_code(fn.__code__)
     builder.VariableBuilder._wrap = functools.wraps(_wrap)(wrap)

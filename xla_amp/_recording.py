@@ -42,9 +42,11 @@ def begin(recorder) -> object:
     tls.depth += 1
     with _lock:
         if _open == 0:
-            _handles.append(torch.nn.modules.module.register_module_forward_pre_hook(_pre))
+            # compiled code reaching a hook runs it eagerly (it talks to _C)
+            _handles.append(torch.nn.modules.module.register_module_forward_pre_hook(
+                torch.compiler.disable(_pre)))
             _handles.append(torch.nn.modules.module.register_module_forward_hook(
-                _post, always_call=True))
+                torch.compiler.disable(_post), always_call=True))
         _open += 1
     return previous
 
