@@ -28,7 +28,7 @@ from absl import app, flags
 
 from xla_amp_launch import data, image_folder, loop
 from xla_amp_launch.devices import setup_devices
-from xla_amp_launch.flags import apply_test_run_flags, define_flags
+from xla_amp_launch.flags import define_flags
 
 FLAGS = flags.FLAGS
 
@@ -105,7 +105,7 @@ def main(argv):
             compat={"data": "fake", "image_size": size, "num_classes": num_classes})
     else:
         task = _image_folder_task(train_ds, val_ds, num_classes, size, build_model)
-    return loop.train(apply_test_run_flags(task), devices)
+    return loop.train(task, devices)
 
 
 def _image_folder_task(train_ds, val_ds, num_classes: int, size: int, build_model):

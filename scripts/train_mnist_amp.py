@@ -27,7 +27,7 @@ from absl import app, flags
 
 from xla_amp_launch import data, loop
 from xla_amp_launch.devices import setup_devices
-from xla_amp_launch.flags import apply_test_run_flags, define_flags
+from xla_amp_launch.flags import define_flags
 
 FLAGS = flags.FLAGS
 
@@ -82,7 +82,7 @@ def main(argv):
                 digits.test_x, digits.test_y, eval_bs, transform=mnist_data.normalize),
             eval_count=len(digits.test_y), data_description=digits.describe(),
             compat={"data": digits.source})
-    return loop.train(apply_test_run_flags(task), devices)
+    return loop.train(task, devices)
 
 
 def _idx_dir(datadir: str) -> str:

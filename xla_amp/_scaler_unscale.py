@@ -66,17 +66,14 @@ class OverflowFlags:
     last_skipped: list
 
     def after_step(self, flags: list, found: dict) -> None:
-        kept = []
-        for (positions, new), (old_positions, old) in zip(flags, self.last_skipped):
-            if positions == old_positions:
-                new_skipped = torch.where(found[new.device] != 0, new, old)
-            else:  # other parameters have gradients now: start over
-                new_skipped = torch.where(found[new.device] != 0, new, torch.zeros_like(new))
-            kept.append((positions, new_skipped))
-        if len(kept) != len(flags):
-            kept = [(p, torch.where(found[f.device] != 0, f, torch.zeros_like(f)))
-                    for p, f in flags]
-        self.last, self.last_skipped = flags, kept
+        # a device whose gradients are other parameters now starts over
+        previous = {tuple(positions): old for positions, old in self.last_skipped}
+        self.last_skipped = []
+        for positions, new in flags:
+            old = previous.get(tuple(positions))
+            self.last_skipped.append((positions, torch.where(
+                found[new.device] != 0, new, torch.zeros_like(new) if old is None else old)))
+        self.last = flags
 
 
 def names(optimizer, flags: list) -> list[str]:

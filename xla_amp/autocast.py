@@ -176,7 +176,7 @@ class autocast(torch.amp.autocast):
     def _leave(self):
         _engine.exit_region()
         if self._record:
-            _recording.end(self.__dict__["_previous_recorders"].pop())
+            _recording.end(self._previous_recorders.pop())
 
     def _begin_recording(self):
         # per entry, so a region object entered again (or recursively) records afresh

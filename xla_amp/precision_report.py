@@ -169,7 +169,13 @@ def explain(fn, *args, policy=None, **kwargs) -> PrecisionReport:
     traces (nothing executes, no transfer); a module's buffers are left as
     they were. Module names are relative to `fn` when it is a module."""
     from xla_amp.autocast import autocast
-    region = autocast(xla_device_of(args, kwargs), policy=policy, record=True)
+    return record_call(autocast(xla_device_of(args, kwargs), policy=policy, record=True),
+                       fn, *args, **kwargs)
+
+
+def record_call(region, fn, *args, **kwargs) -> PrecisionReport:
+    """``fn(*args, **kwargs)`` inside `region` (an ``autocast(...,
+    record=True)``), a module's buffers left as they were; its report."""
     with buffers_kept(fn), region:
         fn(*args, **kwargs)
     return region.report()

@@ -9,7 +9,7 @@
 Algorithm (all state lives on the device; the checks join the step's own
 graph, so watching adds no execution and no transfer)::
 
-    install:  code k of every (module, phase), one device tensor of codes
+    install:  code 2i / 2i+1 of module i's forward / backward events
               first = -1, first_step = -1, step = -1       (device scalars)
     model forward starts:                step += 1
     a module's forward returns (innermost first):
@@ -17,7 +17,8 @@ graph, so watching adds no execution and no transfer)::
         events += (k_forward, flag)
         each floating output that requires grad gets a gradient hook that
         adds (k_backward, flag of the gradient) when backward reaches it
-    next forward (or report()): flush the step's events, in execution order:
+    next forward (or report()): flush the step's events, in execution order
+    (their codes uploaded once per distinct order):
         take = any(flags) and first == -1
         first, first_step = where(take, (code of the first set flag, step), ...)
     report(): flush, then one transfer of (first, first_step), decoded here

@@ -98,7 +98,7 @@ def define_flags(*, batch_size: int, num_epochs: int, lr: float, optimizer: str 
                       "padded and masked, every held-out sample counts). Training always "
                       "drops an epoch's partial batch: every step has one shape, one graph.")
     flags.DEFINE_bool("metrics_debug", False, "Print torch_xla's metrics report "
-                      "(torch_xla.debug.metrics.metrics_report()) at the end.")
+                      "(torch_xla.debug.metrics.metrics_report()) after each epoch.")
     flags.DEFINE_bool("precision_report", False, "Write which op ran in which dtype "
                       "(xla_amp's precision report of the first batch's forward) and, "
                       "whenever steps were skipped, the parameters whose gradients were "

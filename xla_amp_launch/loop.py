@@ -26,7 +26,7 @@ from typing import Callable, Iterator, Optional
 from xla_amp_launch import precision as precision_mod, reports
 from xla_amp_launch.checkpoint import load_checkpoint, save_checkpoint
 from xla_amp_launch.devices import Devices
-from xla_amp_launch.flags import DTYPES, FLAGS, print_metrics_report
+from xla_amp_launch.flags import DTYPES, FLAGS, apply_test_run_flags, print_metrics_report
 from xla_amp_launch.metrics import Counters, Progress, fmt_rate, fmt_scale
 from xla_amp_launch.summary import summary
 
@@ -112,8 +112,9 @@ def learning_rate(base: float, step: int, total: int, schedule: str, warmup: int
 
 
 def train(task: Task, devices: Devices) -> int:
-    """Train ``task`` per the flags; print the summary; return the exit status."""
-    run = setup(task, devices)
+    """Train ``task`` per the flags (--num_steps / --drop_last applied here);
+    print the summary; return the exit status."""
+    run = setup(apply_test_run_flags(task), devices)
     for epoch in range(run.position["epoch"], FLAGS.num_epochs):
         if run.stop:
             break

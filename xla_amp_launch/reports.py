@@ -36,11 +36,9 @@ def _emit(run, name: str, markdown: str, json_text: str, step: int) -> str:
 def precision_report(run, x) -> None:
     """The report of one forward pass on batch `x` (before training starts)."""
     import xla_amp
-    from xla_amp.precision_report import buffers_kept
+    from xla_amp.precision_report import record_call
     region = xla_amp.autocast(run.devices.device, record=True, **run.autocast_kw)
-    with buffers_kept(run.model), region:
-        run.model(x)  # traced and dropped: no execution
-    report = region.report()
+    report = record_call(region, run.model, x)  # traced and dropped: no execution
     header = (f"precision report of {run.task.model_name} (policy {report.policy}, "
               f"{report.dtype or 'autocast off'}), one forward pass\n\n")
     where = _emit(run, "precision_report", header + report.table(),

@@ -103,8 +103,20 @@ void tensor_dtypes(const c10::IValue& v, std::vector<at::ScalarType>* out) {
   }
 }
 
-// The kernel whose call is running on this thread while recording.
+// The kernel whose call is running on this thread while recording, set for
+// the duration of one call (restored on exceptions too).
 thread_local const AutocastKernel* tls_passing_through = nullptr;
+
+class PassingThrough {
+ public:
+  explicit PassingThrough(const AutocastKernel* kernel) : outer_(tls_passing_through) {
+    tls_passing_through = kernel;
+  }
+  ~PassingThrough() { tls_passing_through = outer_; }
+
+ private:
+  const AutocastKernel* outer_;
+};
 
 std::string qualified_name(const c10::OperatorHandle& op) {
   const c10::OperatorName& name = op.schema().operator_name();
@@ -130,16 +142,11 @@ void AutocastKernel::operator()(const c10::OperatorHandle& op,
   // An op left uncast runs below autocast with AutocastXLA still included;
   // XLA's functionalization re-issues it from the top, reaching this kernel
   // again: that second call is the same decision, not counted twice.
-  const AutocastKernel* outer = tls_passing_through;
-  tls_passing_through = this;
   Applied applied;
-  try {
+  {
+    PassingThrough guard(this);
     applied = run(op, ks, stack);
-  } catch (...) {
-    tls_passing_through = outer;
-    throw;
   }
-  tls_passing_through = outer;
   at::ScalarType ran_in = applied.computed;
   const size_t nret = op.schema().returns().size();
   for (size_t i = stack->size() - nret;
