@@ -62,6 +62,8 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<xla_amp::Recorder, std::shared_ptr<xla_amp::Recorder>>(m, "Recorder")
       .def(py::init<>())
+      .def("merge_from", &xla_amp::Recorder::merge_from, py::arg("other"),
+           "Adds another recorder's counts to this one's rows.")
       .def("rows", &xla_amp::Recorder::rows,
            "[(module, op, category, in_dtypes, dtype, count)], first seen first.");
   m.def("set_recorder", &xla_amp::set_recorder, py::arg("recorder").none(true),

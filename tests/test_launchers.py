@@ -159,6 +159,7 @@ def test_mnist_malformed_datadir_names_path_and_layout(tmp_path, problem):
     ("train_mnist_amp.py", ["--module_policy", "head=nope"], "--module_policy"),
     ("train_mnist_amp.py", ["--noamp", "--precision", "bf16_master"], "--noamp is --precision fp32"),
     ("train_mnist_amp.py", ["--nosyncfree", "--precision", "bf16_sr"], "sync-free optimizers"),
+    ("train_mnist_amp.py", ["--precision", "fp32", "--dtype", "bf16"], "--dtype applies to autocast only"),
 ])
 def test_bad_flag_values_are_usage_errors(script, args, expect):
     proc = launch(script, *args)
@@ -218,6 +219,15 @@ def test_mnist_trains_under_every_policy(policy):
         assert "3 steps" in summary(proc, "throughput")
         assert_metrics_report(proc)
     assert "1.00 graph executions/step" in summary(proc, "XLA")
+
+
+def test_mnist_precision_fp32_alone_is_noamp():
+    """--precision fp32 is --noamp, as the docs say (it used to be refused
+    unless --noamp came with it): no autocast, no GradScaler."""
+    proc = launch("train_mnist_amp.py", *MNIST_TINY, "--max_steps", 2, "--precision", "fp32")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"^precision\s+fp32$", proc.stdout, re.M), proc.stdout
+    assert "loss scale" not in proc.stdout
 
 
 @pytest.mark.parametrize("policy", [None, "cuda"])  # None: XLA:CPU -> cpu rules

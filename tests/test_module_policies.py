@@ -136,6 +136,53 @@ def test_remove_restores_plain_autocast(device, net, x):
     assert_same(after, before)
 
 
+def _run(device, net, x):
+    with autocast(device, policy="tpu"):
+        return net(x)
+
+
+@pytest.mark.parametrize("order", ["install order", "reverse order"])
+def test_two_installs_stack_in_either_removal_order(device, net, x, order):
+    """A second install on the same modules overrides the first while both
+    are in; each remove() takes its own rules out; after both, every module
+    has its own forward back and computes as before (it used to keep the
+    first install's LayerNorm wrapper for good)."""
+    first_only = {nn.LayerNorm: "fp32"}
+    second_only = {nn.LayerNorm: LINEAR_FP32, "head": "fp32"}
+    plain = _run(device, net, x)
+
+    def alone(rules):
+        h = xla_amp.module_policies(net, rules)
+        out = _run(device, net, x)
+        h.remove()
+        return out
+
+    want_first, want_second = alone(first_only), alone(second_only)
+    assert not torch.equal(want_first.cpu(), want_second.cpu())
+    h1 = xla_amp.module_policies(net, first_only)
+    h2 = xla_amp.module_policies(net, second_only)
+    assert_same(_run(device, net, x), want_second)  # the latest install decides
+    first, second = (h1, h2) if order == "install order" else (h2, h1)
+    first.remove()
+    assert_same(_run(device, net, x), want_second if first is h1 else want_first)
+    first.remove()  # a second call does nothing
+    second.remove()
+    assert not any("forward" in m.__dict__ for m in net.modules())
+    assert_same(_run(device, net, x), plain)
+
+
+def test_remove_under_a_foreign_wrapper_passes_through(device, net, x):
+    """A forward wrapped by someone else after the install cannot be put
+    back; remove() turns the rule off inside it."""
+    plain = _run(device, net, x)
+    h = xla_amp.module_policies(net, {nn.LayerNorm: "fp32", "head": "fp32"})
+    ruled = net.head.forward
+    net.head.forward = lambda *a, **k: ruled(*a, **k)
+    h.remove()
+    assert "forward" not in net.blocks[0].norm.__dict__
+    assert_same(_run(device, net, x), plain)  # the head's fp32 rule is gone
+
+
 def test_backward_dtypes_and_values_match_control(device, net, x):
     xla_amp.module_policies(net, {nn.LayerNorm: "fp32"})
     grads_in = {}

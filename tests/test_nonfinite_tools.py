@@ -195,6 +195,17 @@ def test_compare_flags_only_the_overflowing_module_and_suggest_fixes_it(device):
         handle.remove()
 
 
+def test_compare_names_an_input_on_another_device(device):
+    model = nn.Linear(2, 2).to(device)
+    with pytest.raises(ValueError, match=r"compare: input \[1\] \(shape \(1, 2\)\) is on "
+                                         r"'cpu', the model on 'xla:0'"):
+        xla_amp.compare(model, torch.ones(1, 2, device=device), torch.ones(1, 2))
+    with pytest.raises(ValueError, match=r"keyword argument \['mask'\]"):
+        xla_amp.compare(model, torch.ones(1, 2, device=device), mask=torch.ones(1))
+    with pytest.raises(ValueError, match="the model is on 'cpu'"):
+        xla_amp.compare(nn.Linear(2, 2), torch.ones(1, 2, device=device))
+
+
 def test_compare_bad_input(device):
     with pytest.raises(TypeError, match="nn.Module"):
         xla_amp.compare(lambda x: x, torch.ones(1, device=device))

@@ -201,6 +201,21 @@ def test_nested_regions_keep_recording_and_exceptions_clean_up(device):
     assert outer.report().rows == []
 
 
+def test_nested_recording_region_rows_count_in_the_outer_report(device):
+    """report() covers everything that ran inside the region: a recording
+    region nested in it keeps its own rows and hands them on."""
+    m = nn.Linear(4, 4).to(device)
+    x = torch.randn(2, 4, device=device)
+    with xla_amp.autocast(device, policy="tpu", record=True) as outer:
+        m(x)
+        with xla_amp.autocast(device, policy="cuda", record=True) as inner:
+            m(x)
+            m(x)
+    rows = {(r["op"], r["dtype"]): r["count"] for r in outer.report().rows}
+    assert rows == {("aten::linear", "bfloat16"): 1, ("aten::linear", "float16"): 2}
+    assert [(r["dtype"], r["count"]) for r in inner.report().rows] == [("float16", 2)]
+
+
 def test_recording_inside_a_module_forward(device):
     class Inner(nn.Module):
         def __init__(self):

@@ -116,9 +116,23 @@ def test_without_min_scale_the_scale_keeps_backing_off(device):
     assert scaler.skipped_steps() == 20 and scaler.get_min_scale() is None
 
 
-def test_min_scale_never_raises_a_lower_scale(device):
-    scaler = GradScaler(init_scale=0.5, min_scale=4.0)
-    assert _run(device, scaler, 2, pattern="OO") == [0.5, 0.5]
+def test_min_scale_above_the_scale_is_refused_everywhere(device):
+    """A scale under its floor never backs off: every overflowing step was
+    skipped at that scale for good (GradScaler(init_scale=1024,
+    min_scale=4096) used to be accepted). Refused by the constructor,
+    load_state_dict and a float update(new_scale), the scaler unchanged; a
+    tensor new_scale (not read back) below the floor stays, not raised."""
+    with pytest.raises(ValueError, match=r"min_scale \(4096\) must not exceed init_scale"):
+        GradScaler(init_scale=1024.0, min_scale=4096.0)
+    scaler = GradScaler(init_scale=8.0, min_scale=4.0)
+    with pytest.raises(ValueError, match=r"min_scale \(16\) must not exceed scale \(8\)"):
+        scaler.load_state_dict({**scaler.state_dict(), "min_scale": 16.0})
+    assert scaler.get_min_scale() == 4.0
+    assert _run(device, scaler, 3, pattern="OOO") == [4.0, 4.0, 4.0]  # the floor holds
+    with pytest.raises(ValueError, match="must not exceed new_scale"):
+        scaler.update(new_scale=2.0)
+    scaler.update(new_scale=torch.full((), 2.0, device=device))
+    assert _run(device, scaler, 1, pattern="O") == [2.0]
 
 
 def test_nan_loss_is_skipped(device):

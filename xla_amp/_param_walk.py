@@ -8,6 +8,14 @@ from typing import Iterator
 import torch
 
 
+def check_optimizer(optimizer, who: str) -> None:
+    """TypeError unless `optimizer` is a torch.optim.Optimizer (`who` names
+    the caller)."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"{who}: optimizer must be a torch.optim.Optimizer, "
+                        f"got {type(optimizer).__name__}")
+
+
 def params_with_grads(optimizer) -> Iterator[tuple[int, int, torch.Tensor]]:
     """(group index, index in the group, parameter) for every parameter that
     has a gradient, in param-group order."""

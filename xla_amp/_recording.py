@@ -52,9 +52,13 @@ def begin(recorder) -> object:
 
 
 def end(previous) -> None:
+    """Gives the thread `previous` back; a region nested in another
+    recording one hands its rows to it (the outer report covers all)."""
     global _open
     tls = _state()
-    _engine.set_recorder(previous)
+    finished = _engine.set_recorder(previous)
+    if previous is not None and finished is not None:
+        previous.merge_from(finished)
     tls.depth -= 1
     if tls.depth == 0:
         while tls.stack:  # a region closed inside a module's forward

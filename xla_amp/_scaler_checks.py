@@ -1,6 +1,10 @@
-"""Validation of GradScaler settings, shared by the constructor, the setters
-and load_state_dict: every value is checked before any is set, and a bad one
-raises ValueError naming it."""
+"""Validation of GradScaler settings, shared by the constructor, the setters,
+``update(new_scale)`` and load_state_dict: every value is checked before any
+is set, and a bad one raises ValueError naming it.
+
+Invariants: every number finite; scale > 0; growth_factor > 1 >
+backoff_factor > 0; growth_interval an int >= 1; min_scale None or
+0 < min_scale <= scale; the tracker and the skip count ints >= 0."""
 from __future__ import annotations
 
 import math
@@ -55,4 +59,10 @@ def checked(values: dict, who: str, shown: Optional[dict] = None) -> dict:
             if name in ("init_scale", "min_scale") and not v > 0.0:
                 raise ValueError(f"{who}: {label} must be > 0, got {v}")
             out[name] = v
+    floor, scale = out.get("min_scale"), out.get("init_scale")
+    if floor is not None and scale is not None and floor > scale:
+        raise ValueError(
+            f"{who}: min_scale ({floor:g}) must not exceed {shown.get('init_scale', 'init_scale')}"
+            f" ({scale:g}): below its floor the scale could never back off, and every "
+            "overflowing step would be skipped at that scale for good")
     return out

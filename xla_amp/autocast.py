@@ -18,7 +18,9 @@ Algorithm::
             exceptions, and per entry when one object is entered recursively
     record: enter also gives the thread a fresh engine recorder (kept by
             nested regions) and module hooks name the innermost module;
-            exit restores the previous recorder; report() reads the rows
+            exit restores the previous recorder and adds this region's rows
+            to it (an enclosing recording region reports all that ran inside
+            it, nested recording regions included); report() reads the rows
 """
 from __future__ import annotations
 

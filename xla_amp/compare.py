@@ -24,6 +24,7 @@ The model is left as it was (buffers restored, RNG as after run 2).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 
 import torch
@@ -101,6 +102,25 @@ def _stats(ref: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return torch.stack([rel, mag.max(), flushed.float(), nonfinite.float()])
 
 
+def _checked_device(model: nn.Module, inputs, kwargs) -> torch.device:
+    """The model's XLA device; ValueError naming the first input (or the
+    model) that is elsewhere, before anything runs."""
+    held = next(iter(itertools.chain(model.parameters(), model.buffers())), None)
+    device = held.device if held is not None else xla_device_of(inputs, kwargs)
+    if device.type != "xla":
+        raise ValueError(f"compare: the model is on '{device}', not on an XLA device; "
+                         "move it with model.to(torch_xla.device())")
+    leaves, _ = torch.utils._pytree.tree_flatten_with_path((inputs, kwargs))
+    for path, leaf in leaves:
+        if isinstance(leaf, torch.Tensor) and leaf.device != device:
+            kind = "input" if path[0].idx == 0 else "keyword argument"
+            name = torch.utils._pytree.keystr(path[1:])
+            raise ValueError(f"compare: {kind} {name} (shape {tuple(leaf.shape)}) is on "
+                             f"'{leaf.device}', the model on '{device}'; move it with "
+                             f".to('{device}')")
+    return device
+
+
 def compare(model: nn.Module, *inputs, policy=None, **kwargs) -> ComparisonReport:
     """Runs `model` on `inputs` in float32 and under `policy` (None: the
     device's) and compares every module's output; see the module docstring.
@@ -109,7 +129,7 @@ def compare(model: nn.Module, *inputs, policy=None, **kwargs) -> ComparisonRepor
     import torch_xla.core.xla_model as xm
     if not isinstance(model, nn.Module):
         raise TypeError(f"compare: expected an nn.Module, got {type(model).__name__}")
-    device = xla_device_of(inputs, kwargs)
+    device = _checked_device(model, inputs, kwargs)
     region = autocast(device, policy=policy)  # a bad policy fails before anything runs
     names = [name for name, _ in model.named_modules()]
     modules = [m for _, m in model.named_modules()]

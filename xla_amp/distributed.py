@@ -30,7 +30,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from xla_amp._param_walk import params_with_grads, where
+from xla_amp._param_walk import check_optimizer, params_with_grads, where
 
 DEFAULT_BUCKET_CAP_MB = 50.0
 
@@ -48,9 +48,7 @@ def _collectives_skipped(xr) -> bool:
 
 
 def _gradients(optimizer) -> list[torch.Tensor]:
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"all_reduce_gradients: optimizer must be a torch.optim.Optimizer, "
-                        f"got {type(optimizer).__name__}")
+    check_optimizer(optimizer, "all_reduce_gradients")
     grads = []
     for gi, pi, p in params_with_grads(optimizer):
         if p.grad.device.type != "xla":

@@ -18,11 +18,8 @@ Algorithm (one iteration; scale and growth_tracker are device tensors)::
                             : (tracker += 1; tracker == interval ?   (==, as torch)
                                  (scale *= growth if finite, tracker = 0))
 
-``update`` is written with plain tensor ops whose factors are traced as
-graph inputs, not with ``torch._amp_update_scale_``: PyTorch/XLA lowers that
-op to a node that keeps growth_factor, backoff_factor and growth_interval as
-constants outside the graph's hash, so after one compilation every scaler
-with the same graph shape silently reused the first one's values.
+``update`` is plain tensor ops with the factors as graph inputs
+(xla_amp/_scale_update.py says why not ``torch._amp_update_scale_``).
 
 Any other optimizer takes a masked step (xla_amp/_masked_step.py): it runs, and
 its effects are undone on the device when found_inf is set.
@@ -42,7 +39,8 @@ from typing import Any, Optional, Union
 import torch
 
 from xla_amp._masked_step import masked_step as _masked_step
-from xla_amp import _scaler_unscale as _unscale
+from xla_amp._param_walk import check_optimizer as _check_optimizer
+from xla_amp import _scale_update, _scaler_unscale as _unscale
 from xla_amp._scaler_state import ScalerStateDict
 from xla_amp._scaler_checks import checked as _checked
 
@@ -214,14 +212,17 @@ class GradScaler(ScalerStateDict):
         the device); call once per iteration after every :meth:`step`.
 
         ``new_scale`` (a float or a 1-element device tensor) sets the scale
-        directly instead.
+        directly instead; a float is checked as ``init_scale`` is (finite,
+        > 0, not below ``min_scale``), a tensor is taken as it is.
         """
         if not self._enabled:
             return
         self._check_started("update()")
         if new_scale is not None:
             if isinstance(new_scale, (int, float)) and not isinstance(new_scale, bool):
-                self._scale.fill_(float(new_scale))
+                new_scale = _checked({"init_scale": new_scale, "min_scale": self._min_scale},
+                                     "GradScaler.update", {"init_scale": "new_scale"})
+                self._scale.fill_(new_scale["init_scale"])
             elif (isinstance(new_scale, torch.Tensor) and new_scale.numel() == 1
                   and not new_scale.requires_grad):
                 self._scale.copy_(new_scale.reshape(()).to(self._scale))
@@ -240,29 +241,8 @@ class GradScaler(ScalerStateDict):
             total = found[0]
             for f in found[1:]:
                 total = total + f
-            self._update_on_device(total != 0)
+            _scale_update.update_on_device(self, total != 0)
         self._per_optimizer = self._fresh_iteration()
-
-    def _update_on_device(self, found: torch.Tensor) -> None:
-        # The factors enter as traced scalars (graph inputs on XLA), so a
-        # changed value takes effect without a recompilation. Products in
-        # float64 then rounded, as torch._amp_update_scale_ computes them.
-        with torch.no_grad():
-            scale = self._scale.double()
-            backed_off = scale * self._backoff_factor
-            if self._min_scale is not None:
-                backed_off = torch.maximum(backed_off, scale.clamp(max=self._min_scale))
-            grown = (scale * self._growth_factor).float()
-            successful = self._growth_tracker + 1
-            grow = successful == self._growth_interval  # torch's test: == (a tracker
-            # already past a lowered interval waits for the next overflow)
-            grown = torch.where(torch.isfinite(grown), grown, self._scale)
-            new_scale = torch.where(found, backed_off.float(),
-                                    torch.where(grow, grown, self._scale))
-            new_tracker = torch.where(found | grow, torch.zeros_like(successful), successful)
-            self._scale.copy_(new_scale)
-            self._growth_tracker.copy_(new_tracker)
-            self._skipped.add_(found.to(self._skipped.dtype))
 
     # -- queries and settings ---------------------------------------------
 
@@ -318,7 +298,9 @@ class GradScaler(ScalerStateDict):
         however long ago), from per-gradient flags kept on the device; names
         come from param groups built with ``named_parameters()``, else
         "group g, index i". Call it after :meth:`step`; reading it is the
-        one transfer. [] before the first step and when disabled."""
+        one transfer. [] before the first step and when disabled; a
+        `TypeError` when `optimizer` is not an optimizer."""
+        _check_optimizer(optimizer, "GradScaler.overflow_report")
         if not self._enabled:
             return []
         record = self._overflow.get(id(optimizer))

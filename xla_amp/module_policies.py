@@ -31,6 +31,9 @@ Algorithm::
                    policy's default dtype if the policy does not support it):
                        run forward          (left also on exceptions)
     a module without a rule runs inside its parent's region (inherits)
+    a second install ruling the same module wraps the first: the latest
+             install's rule decides; each handle's remove() unlinks its own
+             wrappers wherever they sit, so handles come off in any order
 
 Everything on the call path is plain Python over prebuilt regions, so
 Dynamo traces it: a compiled model gets the same casts (`_dynamo.py` turns
@@ -115,6 +118,9 @@ class _RuledForward:
         self._build_regions()
 
     def _build_regions(self):
+        if self.target is None:  # removed
+            self.regions, self.fallback = {}, None
+            return
         policy = fp32_policy() if self.target == FP32 else self.target
         # The device only names the device type: autocast state is per type.
         self.regions = {dtype: autocast("xla:0", dtype=dtype, policy=policy)
@@ -122,7 +128,7 @@ class _RuledForward:
         self.fallback = self.regions[policy.default_dtype]
 
     def __call__(self, *args, **kwargs):
-        if not torch.is_autocast_enabled("xla"):
+        if self.target is None or not torch.is_autocast_enabled("xla"):
             return self._forward(args, kwargs)
         if self.target == FP32:
             args, kwargs = _to_float32((args, kwargs))
@@ -130,9 +136,31 @@ class _RuledForward:
             return self._forward(args, kwargs)
 
     def _forward(self, args, kwargs):
-        if self.previous is not None:
-            return self.previous(*args, **kwargs)
+        previous = self.previous
+        while isinstance(previous, _RuledForward):  # an earlier install's rule:
+            previous = previous.previous            # this one overrides it
+        if previous is not None:
+            return previous(*args, **kwargs)
         return type(self.module).forward(self.module, *args, **kwargs)
+
+    def unlink(self) -> None:
+        """Take this wrapper out of its module's chain of forwards, wherever
+        it sits; the module's own forward comes back with the last one."""
+        d = self.module.__dict__
+        if d.get("forward") is self:
+            if self.previous is None:
+                d.pop("forward", None)
+            else:
+                d["forward"] = self.previous
+            return
+        node = d.get("forward")
+        while isinstance(node, _RuledForward):
+            if node.previous is self:
+                node.previous = self.previous
+                return
+            node = node.previous
+        # Wrapped since by something else: it still calls this; pass through.
+        self.target, self.regions, self.fallback = None, {}, None
 
     def __getstate__(self):  # regions hold the engine's tables: rebuilt on load
         return {k: v for k, v in self.__dict__.items() if k not in ("regions", "fallback")}
@@ -156,12 +184,12 @@ class ModulePolicyHandle:
         self.ruled = ruled  # qualified module name -> its policy's name, or "fp32"
 
     def remove(self) -> None:
-        """Restores every ruled module's forward. Call it once."""
+        """Takes this call's rules out, whatever other handles on the same
+        modules were installed or removed before; a module ruled by no
+        other handle gets its original forward back. A second call does
+        nothing."""
         for w in reversed(self._wrapped):
-            if w.previous is None:
-                w.module.__dict__.pop("forward", None)
-            else:
-                w.module.forward = w.previous
+            w.unlink()
         self._wrapped = []
 
 

@@ -115,11 +115,11 @@ def define_flags(*, batch_size: int, num_epochs: int, lr: float, optimizer: str 
         lambda f: not (f["fake_data"] and f["target_accuracy"] is not None),
         message="--target_accuracy needs real data (fake data has no accuracy)")
     flags.register_multi_flags_validator(
-        ["amp", "dtype"], lambda f: f["amp"] or f["dtype"] is None,
-        message="--dtype applies to --amp only")
+        ["amp", "precision", "dtype"],
+        lambda f: f["dtype"] is None or (f["amp"] and f["precision"] != "fp32"),
+        message="--dtype applies to autocast only (not to --noamp / --precision fp32)")
     flags.register_multi_flags_validator(
-        ["amp", "precision"],
-        lambda f: f["precision"] is None or f["amp"] == (f["precision"] != "fp32"),
+        ["amp", "precision"], lambda f: f["amp"] or f["precision"] in (None, "fp32"),
         message="--noamp is --precision fp32; the other precisions train under autocast")
     flags.register_multi_flags_validator(
         ["syncfree", "precision"],
@@ -133,6 +133,14 @@ def define_flags(*, batch_size: int, num_epochs: int, lr: float, optimizer: str 
         lambda f: f["batch_size"] % f["num_devices"] == 0
         and (f["eval_batch_size"] or f["batch_size"]) % f["num_devices"] == 0,
         message="--batch_size and --eval_batch_size must be multiples of --num_devices")
+
+
+def resolve_precision() -> str:
+    """The precision the flags ask for; ``--precision fp32`` alone means
+    ``--noamp`` (FLAGS.amp is set to False so every reader agrees)."""
+    if FLAGS.precision == "fp32":
+        FLAGS.amp = False
+    return FLAGS.precision or ("amp" if FLAGS.amp else "fp32")
 
 
 def _module_policy_ok(text) -> bool:

@@ -26,7 +26,8 @@ from typing import Callable, Iterator, Optional
 from xla_amp_launch import precision as precision_mod, reports
 from xla_amp_launch.checkpoint import load_checkpoint, save_checkpoint
 from xla_amp_launch.devices import Devices
-from xla_amp_launch.flags import DTYPES, FLAGS, apply_test_run_flags, print_metrics_report
+from xla_amp_launch.flags import (DTYPES, FLAGS, apply_test_run_flags, print_metrics_report,
+                                  resolve_precision)
 from xla_amp_launch.metrics import Counters, Progress, fmt_rate, fmt_scale
 from xla_amp_launch.summary import summary
 
@@ -133,6 +134,7 @@ def setup(task: Task, devices: Devices) -> Run:
     import xla_amp
 
     t_start = time.perf_counter()
+    precision = resolve_precision()
     dev = devices.device
     dtype = getattr(torch, DTYPES[FLAGS.dtype]) if FLAGS.dtype else None
     compat = dict(task.compat, launcher=task.name, model=task.model_name,
@@ -141,7 +143,6 @@ def setup(task: Task, devices: Devices) -> Run:
                   fake_data=FLAGS.fake_data)
     torch.manual_seed(FLAGS.seed)
     model = task.build_model().to(dev)
-    precision = FLAGS.precision or ("amp" if FLAGS.amp else "fp32")
     compat["precision"] = precision
     precision_mod.prepare(model, precision, FLAGS.module_policy)
     optimizer = make_optimizer(model.named_parameters(), FLAGS.optimizer, FLAGS.syncfree,

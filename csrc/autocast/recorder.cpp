@@ -36,14 +36,31 @@ void Recorder::add(const std::string& module, const std::string& op,
                    at::ScalarType dtype) {
   Key key{module, op, category, std::move(in_dtypes), dtype};
   std::lock_guard<std::mutex> lock(mutex_);
+  add_count(std::move(key), 1);
+}
+
+void Recorder::add_count(Key key, int64_t count) {
   auto it = index_.find(key);
   if (it != index_.end()) {
-    ++counts_[it->second];
+    counts_[it->second] += count;
     return;
   }
   index_.emplace(key, keys_.size());
   keys_.push_back(std::move(key));
-  counts_.push_back(1);
+  counts_.push_back(count);
+}
+
+void Recorder::merge_from(const Recorder& other) {
+  if (&other == this) return;
+  std::vector<Key> keys;
+  std::vector<int64_t> counts;
+  {
+    std::lock_guard<std::mutex> lock(other.mutex_);
+    keys = other.keys_;
+    counts = other.counts_;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t i = 0; i < keys.size(); ++i) add_count(std::move(keys[i]), counts[i]);
 }
 
 std::vector<Recorder::Row> Recorder::rows() const {

@@ -33,6 +33,9 @@ class Recorder {
   void add(const std::string& module, const std::string& op,
            CastCategory category, std::vector<at::ScalarType> in_dtypes,
            at::ScalarType dtype);
+  // Adds `other`'s counts to this recorder's rows (a nested recording
+  // region's decisions, handed to the enclosing one when it closes).
+  void merge_from(const Recorder& other);
   // Rows in the order they were first seen.
   std::vector<Row> rows() const;
 
@@ -40,6 +43,7 @@ class Recorder {
   using Key = std::tuple<std::string, std::string, CastCategory,
                          std::vector<at::ScalarType>, at::ScalarType>;
   mutable std::mutex mutex_;
+  void add_count(Key key, int64_t count);  // mutex_ held
   std::map<Key, size_t> index_;  // key -> position in keys_/counts_
   std::vector<Key> keys_;
   std::vector<int64_t> counts_;

@@ -110,6 +110,7 @@ class SyncFreeOptimizer(DeviceScalars, TorchOptimStateDict, torch.optim.Optimize
         try:
             device = self._check_devices()
             group = self.param_groups[-1]
+            _low_precision.options(type(self).__name__, *(group[k] for k in _low_precision.KEYS))
             if group.get("fused") and not _low_precision.applies(group, group["params"]):
                 odd = next(((pi, p.dtype, None) for pi, p in enumerate(group["params"])
                             if p.dtype is not torch.float32), None)
@@ -313,6 +314,15 @@ class SyncFreeOptimizer(DeviceScalars, TorchOptimStateDict, torch.optim.Optimize
                       fused: bool) -> None:
         """Update one param group; ``params`` (non-empty) are those with a
         gradient, ``grads`` their gradients."""
+        raise NotImplementedError
+
+    def _init_state(self, group: dict[str, Any], p: torch.Tensor,
+                    state: dict[str, Any]) -> bool:
+        """Add to ``state`` what an update of ``p`` needs and it lacks, as on
+        a first step (zeros, on ``p``'s device, in ``p``'s dtype); returns
+        whether the state started fresh. Free of side effects on the
+        optimizer: ``load_state_dict`` runs it on meta tensors to learn
+        which state this optimizer keeps (``_state_dict.py``)."""
         raise NotImplementedError
 
     @staticmethod

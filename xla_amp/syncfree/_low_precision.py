@@ -44,7 +44,9 @@ OPTIONS_DOC = """
         ``torch.initial_seed()``, reproducible from a checkpoint). bf16
         parameters only. Not together with ``master_weights``.
     state_dtype: dtype of the optimizer state of such parameters (``None``:
-        float32, the update's precision; ``torch.bfloat16`` halves it).
+        float32, the update's precision; ``torch.bfloat16`` halves it);
+        only with ``master_weights`` or ``stochastic_rounding`` (refused
+        without either).
     Both flags are no-ops for float32 parameters. Either keeps every
     sync-free guarantee: one graph per step, no transfer, a skipped step
     leaves parameters, masters and state bit-identical."""
@@ -68,6 +70,11 @@ def options(name: str, master_weights, stochastic_rounding, state_dtype) -> dict
                                         and state_dtype.is_floating_point):
         raise ValueError(f"{name}: state_dtype must be a floating torch.dtype or None, "
                          f"got {state_dtype!r}")
+    if state_dtype is not None and not (master_weights or stochastic_rounding):
+        raise ValueError(f"{name}: state_dtype={state_dtype} applies to the state of "
+                         "parameters trained with master_weights or stochastic_rounding; "
+                         "without either, state keeps the parameter's dtype (as in "
+                         "torch.optim): pass one of them, or leave state_dtype=None")
     return dict(master_weights=master_weights, stochastic_rounding=stochastic_rounding,
                 state_dtype=state_dtype)
 
@@ -101,18 +108,11 @@ def step(opt, gi: int, group: dict[str, Any], skip, params: list[torch.Tensor],
     for i in low:
         p = params[i]
         st = opt.state[p]
-        if master:
-            if _MASTER not in st:
-                st[_MASTER] = p.detach().float()
-            p.data = st[_MASTER]
-        else:
-            if _COUNTER not in st:
-                if positions is None:
-                    positions = {id(q): k for k, q in enumerate(
-                        q for g in opt.param_groups for q in g["params"])}
-                st[_COUNTER] = torch.full((), _key(positions[id(p)]), dtype=torch.int64,
-                                          device=p.device)
-            p.data = p.detach().float()
+        if not master and _COUNTER not in st and positions is None:
+            positions = {id(q): k for k, q in enumerate(
+                q for g in opt.param_groups for q in g["params"])}
+        init_state(group, p, st, positions[id(p)] if positions else 0)
+        p.data = st[_MASTER] if master else p.detach().float()
         grads[i] = grads[i].float()
         _retype_state(opt, st, torch.float32)
     try:
@@ -138,6 +138,36 @@ def step(opt, gi: int, group: dict[str, Any], skip, params: list[torch.Tensor],
                                                                         counter + 1)
         _retype_state(opt, st, group.get("state_dtype") or torch.float32)
     return fused
+
+
+def init_state(group: dict[str, Any], p: torch.Tensor, st: dict[str, Any],
+               position: int) -> None:
+    """What a low-precision parameter keeps besides the optimizer's own
+    state, made on its first step: the master (from the parameter) or the
+    rounding counter (from its position in the optimizer)."""
+    if group.get("master_weights"):
+        if _MASTER not in st:
+            st[_MASTER] = p.detach().float()
+    elif _COUNTER not in st:
+        st[_COUNTER] = torch.full((), _key(position), dtype=torch.int64, device=p.device)
+
+
+def create_state(opt, group: dict[str, Any], p: torch.Tensor, st: dict[str, Any]) -> None:
+    """Add to ``st`` what the next step would create for ``p``: exactly
+    what :func:`step` (or, for float32 parameters and plain groups, the
+    optimizer's own update) makes when it is missing. ``p`` may be a meta
+    tensor: the entries then carry shapes and dtypes only."""
+    if not applies(group, [p]):
+        opt._init_state(group, p, st)
+        return
+    init_state(group, p, st, 0)
+    opt._init_state(group, torch.empty_like(p, dtype=torch.float32), st)  # widened
+
+
+def between_steps(opt, group: dict[str, Any], p: torch.Tensor, st: dict[str, Any]) -> None:
+    """``st``'s floating state in the dtype :func:`step` leaves it in."""
+    if applies(group, [p]):
+        _retype_state(opt, st, group.get("state_dtype") or torch.float32)
 
 
 def _retype_state(opt, st: dict[str, Any], dtype: torch.dtype) -> None:
@@ -224,20 +254,3 @@ def _round_stochastic(x: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
     rounded = torch.where(x < 0, -mag, mag)
     ordinary = (a >= 2.0 ** -118) & torch.isfinite(c)
     return torch.where(ordinary, rounded, x).to(torch.bfloat16)
-
-
-def keep_loaded_dtypes(opt, state_dict: dict[str, Any]) -> None:
-    """torch.optim's load_state_dict casts floating state to the
-    parameter's dtype; the masters and float32 state of low-precision
-    parameters keep the dtype they were saved with."""
-    ids = [i for g in state_dict["param_groups"] for i in g["params"]]
-    params = [p for g in opt.param_groups for p in g["params"]]
-    group_of = {id(p): g for g in opt.param_groups for p in g["params"]}
-    for idx, p in zip(ids, params):
-        saved = state_dict["state"].get(idx)
-        g = group_of[id(p)]
-        if saved is None or not (g.get("master_weights") or g.get("stochastic_rounding")):
-            continue
-        for key, v in saved.items():
-            if key != "step" and isinstance(v, torch.Tensor) and v.dtype != p.dtype:
-                opt.state[p][key] = v.to(p.device)

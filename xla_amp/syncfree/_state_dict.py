@@ -1,12 +1,13 @@
 """State dicts of the sync-free optimizers in the format of their torch.optim
-namesakes, checked against the parameters before anything is loaded."""
+namesakes, checked against this optimizer before anything is loaded
+(``_state_check.py``)."""
 from __future__ import annotations
 
 from typing import Any
 
 import torch
 
-from xla_amp.syncfree import _low_precision
+from xla_amp.syncfree import _low_precision, _state_check
 
 
 class TorchOptimStateDict:
@@ -40,66 +41,31 @@ class TorchOptimStateDict:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict of this optimizer or of its ``torch.optim`` twin;
-        state tensors move to the parameters' device. Each group keeps the
-        ``fused``, ``master_weights``, ``stochastic_rounding`` and
-        ``state_dtype`` choices this optimizer was built with.
+        call it between steps. Each group takes the saved hyperparameters
+        and keeps the ``fused``, ``master_weights``, ``stochastic_rounding``
+        and ``state_dtype`` choices this optimizer was built with.
 
-        Every state entry is checked against its parameter first (a tensor
-        of the parameter's shape, floating; ``step`` one number): a bad one
-        raises ``ValueError`` naming the group, index, key, expected and got,
-        and the optimizer is left as it was."""
-        self._check_loaded_state(state_dict)
-        kept = ("fused",) + _low_precision.KEYS  # how this optimizer was built to run
-        choices = [{k: g.get(k) for k in kept} for g in self.param_groups]
+        Every saved state entry is checked against the state this optimizer
+        itself keeps for that parameter (see the module docstring): an entry
+        it would not keep, an incomplete entry, or a value of the wrong
+        shape or kind raises ``ValueError`` naming the key, group, index,
+        expected and got, and the optimizer is left as it was. Accepted
+        values are converted to the dtype this optimizer keeps them in, on
+        the parameters' device (``docs/precision_modes.md``: which dicts
+        convert between the low-precision options)."""
+        name = f"{type(self).__name__}.load_state_dict"
+        merged, where = _state_check.check(self, state_dict, name)
         super().load_state_dict(state_dict)
-        for group, choice in zip(self.param_groups, choices):
-            group.update(choice)
-        _low_precision.keep_loaded_dtypes(self, state_dict)
+        for group, want in zip(self.param_groups, merged):
+            group.update(want)  # (with the keys an older dict lacks)
+        for idx, saved in state_dict["state"].items():
+            gi, pi, p = where[idx]
+            self.state[p] = _state_check.converted(self, self.param_groups[gi], p, saved)
         self._lineage.clear()
         self._loaded_lineages: dict[Any, int] = {}  # loaded counter value -> lineage
         for p, st in list(self.state.items()):
             self._import_state(p, st)
         del self._loaded_lineages
-
-    def _check_loaded_state(self, state_dict) -> None:
-        name = f"{type(self).__name__}.load_state_dict"
-        if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= set(state_dict):
-            raise ValueError(f"{name}: expected a dict with 'state' and 'param_groups', got "
-                             f"{sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__}")
-        groups = state_dict["param_groups"]
-        if len(groups) != len(self.param_groups):
-            raise ValueError(f"{name}: the state dict has {len(groups)} param groups, "
-                             f"this optimizer {len(self.param_groups)}")
-        where = {}
-        for gi, (saved, ours) in enumerate(zip(groups, self.param_groups)):
-            if len(saved["params"]) != len(ours["params"]):
-                raise ValueError(f"{name}: param group {gi} has {len(saved['params'])} "
-                                 f"parameters in the state dict, {len(ours['params'])} here")
-            for pi, (idx, p) in enumerate(zip(saved["params"], ours["params"])):
-                where[idx] = (gi, pi, p)
-        for idx, st in state_dict["state"].items():
-            if idx not in where:
-                raise ValueError(f"{name}: state for parameter id {idx!r}, which no param "
-                                 "group lists")
-            gi, pi, p = where[idx]
-            for key, v in st.items():
-                bad = None
-                if key == "step":
-                    if not (isinstance(v, (int, float)) and not isinstance(v, bool)) and not (
-                            isinstance(v, torch.Tensor) and v.numel() == 1):
-                        bad = f"expected one number, got {v!r}"
-                elif key in self._STATE_LIKE_PARAM:
-                    if v is None and key == "momentum_buffer":
-                        continue
-                    if not isinstance(v, torch.Tensor) or not v.is_floating_point():
-                        bad = (f"expected a floating tensor of shape {tuple(p.shape)}, got "
-                               f"{v.dtype if isinstance(v, torch.Tensor) else type(v).__name__}")
-                    elif v.shape != p.shape:
-                        bad = (f"expected shape {tuple(p.shape)} (the parameter's), "
-                               f"got {tuple(v.shape)}")
-                if bad:
-                    raise ValueError(f"{name}: state '{key}' of parameter {pi} of param "
-                                     f"group {gi}: {bad}; nothing was loaded")
 
     def _loaded_lineage(self, value) -> int:
         """The lineage of a counter loaded with ``value`` (equal values, one

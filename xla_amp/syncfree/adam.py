@@ -107,20 +107,12 @@ class Adam(SyncFreeOptimizer):
 
     def _update_group(self, gi: int, group: dict[str, Any], skip, params, grads,
                       fused: bool) -> None:
-        dev = params[0].device
         amsgrad = group["amsgrad"]
         states = []
         for p in params:
             state = self.state[p]
-            if "step" not in state:  # (a master copy may be there already)
-                state["step"] = torch.zeros((), dtype=torch.float32, device=dev)
+            if self._init_state(group, p, state):
                 self._lineage[p] = 0  # fresh: step 0
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            if amsgrad and "max_exp_avg_sq" not in state:
-                # also when amsgrad is switched on for existing state
-                state["max_exp_avg_sq"] = torch.zeros_like(
-                    p, memory_format=torch.preserve_format)
             states.append(state)
         if not fused:
             self._update_portable(gi, group, skip.keep, params, grads, states)
@@ -130,6 +122,18 @@ class Adam(SyncFreeOptimizer):
                      lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"],
                      amsgrad=amsgrad, maximize=group["maximize"],
                      decoupled=group["decoupled_weight_decay"])
+
+    def _init_state(self, group, p, state) -> bool:
+        # (a master copy may be there already); max_exp_avg_sq also when
+        # amsgrad is switched on for existing state
+        fresh = "step" not in state
+        if fresh:
+            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        if group["amsgrad"] and "max_exp_avg_sq" not in state:
+            state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return fresh
 
     def _update_portable(self, gi, group, keep, params, grads, states) -> None:
         dev = params[0].device

@@ -87,11 +87,7 @@ class SGD(SyncFreeOptimizer):
         momentum = group["momentum"]
         if momentum != 0:
             for p in params:
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(
-                        p, memory_format=torch.preserve_format)
-                    state[_READY] = torch.zeros((), dtype=torch.float32, device=dev)
+                if self._init_state(group, p, self.state[p]):
                     self._lineage[p] = 0  # fresh: not ready
         if not fused:
             self._update_portable(gi, group, skip.keep, params, grads)
@@ -107,6 +103,13 @@ class SGD(SyncFreeOptimizer):
                     dampening=group["dampening"], lr=group["lr"],
                     weight_decay=group["weight_decay"], nesterov=group["nesterov"],
                     maximize=group["maximize"])
+
+    def _init_state(self, group, p, state) -> bool:
+        if group["momentum"] == 0 or "momentum_buffer" in state:
+            return False
+        state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state[_READY] = torch.zeros((), dtype=torch.float32, device=p.device)
+        return True
 
     def _update_portable(self, gi, group, keep, params, grads) -> None:
         dev = params[0].device
