@@ -71,8 +71,11 @@ bazel: $(STAMP)
 wheel: $(STAMP)
 	MAX_JOBS=$(MAX_JOBS) $(PIP) wheel --no-build-isolation --no-deps -w dist .
 
+# Two xdist workers; the subprocess-heavy tests run in one group, on one
+# worker (tests/conftest.py). --durations prints the slowest tests.
+TEST_WORKERS ?= 2
 test: build
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 tests
 
 # The model-zoo sweep: the torchvision models of tests/test_zoo.py under every
 # policy (make test runs a subset), one model at a time: RegNet-Y alone grows

@@ -36,7 +36,7 @@ import torch_xla.core.xla_model as xm  # noqa: E402
 import torch_xla.debug.metrics as met  # noqa: E402
 
 import xla_amp  # noqa: E402
-from xla_amp import _scaler_unscale  # noqa: E402
+from xla_amp.scaler import _unscale as _scaler_unscale  # noqa: E402
 from xla_amp_launch.digits import MNISTNet  # noqa: E402
 
 PER_GRADIENT_UNSCALE = _scaler_unscale.unscale

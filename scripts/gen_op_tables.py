@@ -88,7 +88,7 @@ def render() -> str:
         p = loaded[n]
         row = [str(len(p.ops_in(c))) for c in SHORT]
         counts.append(f"| `{n}` | " + " | ".join(row) + f" | {len(p.uncast)} |")
-    kinds, _ = policy_mod.load_adaptations(policies._ADAPTATIONS_FILE)
+    kinds = policies.xla_adaptations()
     adapted = ["", "## XLA adaptations", "",
                "From `xla_amp/policies/_xla_adaptations.toml`, carried by every policy and",
                "applied where the policy leaves the op uncast and its floating inputs mix",

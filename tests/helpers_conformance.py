@@ -10,7 +10,8 @@ import torch
 import torch_xla.core.xla_model as xm
 
 import xla_amp
-from xla_amp import _ops as ops, policies
+from xla_amp import policies
+from xla_amp.policies import _ops as ops
 
 from helpers_conformance_cases import CASES
 

@@ -13,7 +13,8 @@ import torch
 import torch_xla
 
 import xla_amp
-from xla_amp import _ops as ops, policies
+from xla_amp import policies
+from xla_amp.policies import _ops as ops
 
 from helpers import hlo
 from xla_amp.policies._policy import CATEGORIES, load

@@ -4,22 +4,31 @@ Importing xla_amp loads torch_xla, then the native engine (xla_amp._C),
 which takes over the AutocastXLA dispatch key: after import, both
 ``xla_amp.autocast(device)`` and plain ``torch.autocast("xla")`` run through
 it. Environment op-list overrides (XLA_AMP_*_OPS_LIST) are read here.
+
+The package, one concept per folder (docs/engine.md has the map):
+
+    autocast/   the region, recording, torch.compile support, custom_fwd/bwd
+    policies/   which op gets which cast: cited TOML data, op names
+    precision/  module_policies, cast_module
+    scaler/     GradScaler
+    syncfree/   SGD / Adam / AdamW that skip on the device; bf16 weights
+    numerics/   explain, watch_nonfinite, compare
+    distributed.py   all-reduce with scaling
+    _engine.py  the one door to the native engine (xla_amp._C)
 """
 import torch
 import torch_xla  # noqa: F401  (its AutocastXLA kernels must exist before ours)
 
 from xla_amp import _version_check  # noqa: F401  (ImportError if _C was built for another torch)
 from xla_amp import _C  # noqa: F401
-from xla_amp import _dynamo, _engine, policies
+from xla_amp import _engine, policies
 from xla_amp.policies import _env_overrides
-from xla_amp.autocast import autocast, set_default_policy
-from xla_amp.custom_function import custom_bwd, custom_fwd
-from xla_amp.module_policies import ModulePolicyHandle, module_policies
-from xla_amp.cast_module import cast_module
-from xla_amp.precision_report import PrecisionReport, explain
-from xla_amp.watch import NonfiniteWatch, watch_nonfinite
-from xla_amp.compare import ComparisonReport, compare
-from xla_amp.grad_scaler import GradScaler
+from xla_amp.autocast import _dynamo
+from xla_amp.autocast import autocast, custom_bwd, custom_fwd, set_default_policy
+from xla_amp.precision import ModulePolicyHandle, cast_module, module_policies
+from xla_amp.numerics import (ComparisonReport, NonfiniteWatch, PrecisionReport, compare,
+                              explain, watch_nonfinite)
+from xla_amp.scaler import GradScaler
 from xla_amp import syncfree
 from xla_amp.distributed import all_reduce_gradients, optimizer_step
 from xla_amp.policies import CATEGORIES, Policy

@@ -21,7 +21,8 @@ import weakref
 
 import torch
 
-from xla_amp import _C, _ops as ops
+from xla_amp import _C
+from xla_amp.policies import _ops as ops
 from xla_amp.policies._policy import ADAPTATIONS, CATEGORIES, Policy
 
 log = logging.getLogger("xla_amp")

@@ -146,7 +146,7 @@ def optimizer_step(optimizer, scaler=None, groups: Optional[list[list[int]]] = N
     call `all_reduce_gradients` and ``scaler.step`` for each, then one
     ``scaler.update()``, instead.
     """
-    from xla_amp.grad_scaler import GradScaler
+    from xla_amp.scaler import GradScaler
     if scaler is not None and not isinstance(scaler, GradScaler):
         raise TypeError(f"optimizer_step: scaler must be an xla_amp.GradScaler or None, "
                         f"got {type(scaler).__name__}")

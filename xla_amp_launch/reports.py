@@ -36,7 +36,7 @@ def _emit(run, name: str, markdown: str, json_text: str, step: int) -> str:
 def precision_report(run, x) -> None:
     """The report of one forward pass on batch `x` (before training starts)."""
     import xla_amp
-    from xla_amp.precision_report import record_call
+    from xla_amp.numerics._explain import record_call
     region = xla_amp.autocast(run.devices.device, record=True, **run.autocast_kw)
     report = record_call(region, run.model, x)  # traced and dropped: no execution
     header = (f"precision report of {run.task.model_name} (policy {report.policy}, "

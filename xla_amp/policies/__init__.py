@@ -18,10 +18,10 @@ import threading
 from pathlib import Path
 
 from xla_amp.policies._policy import (  # noqa: F401  (the policy concept, one package)
-    ADAPTATIONS, CATEGORIES, Policy, check_op_fits, load, load_adaptations)
+    ADAPTATIONS, CATEGORIES, Policy, adaptation_reason, check_op_fits, load, load_adaptations,
+    xla_adaptations)
 
 _DIR = Path(__file__).parent
-_ADAPTATIONS_FILE = _DIR / "_xla_adaptations.toml"
 
 # torch_xla.core.xla_model.xla_device_hw(device) -> policy name
 HARDWARE_POLICY = {"TPU": "tpu", "NEURON": "tpu", "CUDA": "cuda", "CPU": "cpu"}
@@ -42,27 +42,6 @@ def names() -> list[str]:
 def _load_builtin(name: str) -> Policy:
     from xla_amp.policies import _env_overrides as env_overrides  # late
     return env_overrides.apply(load(_DIR / f"{name}.toml"))
-
-
-_adaptations: tuple[dict[str, str], dict[str, str]] | None = None
-
-
-def _adaptation_table() -> tuple[dict[str, str], dict[str, str]]:
-    global _adaptations
-    if _adaptations is None:
-        _adaptations = load_adaptations(_ADAPTATIONS_FILE)
-    return _adaptations
-
-
-def xla_adaptations() -> dict[str, str]:
-    """op -> adaptation kind for PyTorch/XLA's mixed-precision lowering
-    defects; the default `Policy.adaptations` (see _xla_adaptations.toml)."""
-    return dict(_adaptation_table()[0])
-
-
-def adaptation_reason(op: str) -> str:
-    """Why `op` (an entry of xla_adaptations()) is adapted."""
-    return _adaptation_table()[1][op]
 
 
 def get(name: str) -> Policy:

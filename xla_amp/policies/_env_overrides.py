@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from xla_amp import _ops as ops
+from xla_amp.policies import _ops as ops
 from xla_amp.policies._policy import Policy, check_op_fits
 
 VARIABLES = {

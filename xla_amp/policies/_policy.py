@@ -51,7 +51,7 @@ from typing import Iterable, Mapping
 
 import torch
 
-from xla_amp import _ops as ops
+from xla_amp.policies import _ops as ops
 
 CATEGORIES = (
     "lower_precision_fp",
@@ -108,8 +108,7 @@ class Policy:
         object.__setattr__(self, "sources", _frozen(self.sources))
         object.__setattr__(self, "banned_reasons", _frozen(self.banned_reasons))
         if self.adaptations is None:
-            from xla_amp import policies  # late: the package imports this module
-            object.__setattr__(self, "adaptations", policies.xla_adaptations())
+            object.__setattr__(self, "adaptations", xla_adaptations())
         for op, kind in self.adaptations.items():
             if kind not in ADAPTATIONS:
                 raise ValueError(
@@ -372,3 +371,24 @@ def load(path: str | Path) -> Policy:
         supported_dtypes=tuple(dict.fromkeys(dtypes[1:])), categories=categories,
         sources=sources, banned_reasons=reasons,
         description=data.get("description", ""), uncast=uncast)
+
+
+_adaptations: tuple[dict[str, str], dict[str, str]] | None = None
+
+
+def _adaptation_table() -> tuple[dict[str, str], dict[str, str]]:
+    global _adaptations
+    if _adaptations is None:
+        _adaptations = load_adaptations(Path(__file__).parent / "_xla_adaptations.toml")
+    return _adaptations
+
+
+def xla_adaptations() -> dict[str, str]:
+    """op -> adaptation kind for PyTorch/XLA's mixed-precision lowering
+    defects; the default `Policy.adaptations` (see _xla_adaptations.toml)."""
+    return dict(_adaptation_table()[0])
+
+
+def adaptation_reason(op: str) -> str:
+    """Why `op` (an entry of xla_adaptations()) is adapted."""
+    return _adaptation_table()[1][op]

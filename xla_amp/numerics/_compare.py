@@ -30,7 +30,9 @@ import json
 import torch
 from torch import nn
 
-from xla_amp.precision_report import buffers_kept, markdown, xla_device_of
+from xla_amp.autocast import autocast
+from xla_amp.autocast._report import markdown
+from xla_amp.numerics._explain import buffers_kept, xla_device_of
 
 FP16_MAX = 65504.0
 FP16_TINY = 2.0 ** -24          # float16's smallest subnormal
@@ -125,7 +127,6 @@ def compare(model: nn.Module, *inputs, policy=None, **kwargs) -> ComparisonRepor
     """Runs `model` on `inputs` in float32 and under `policy` (None: the
     device's) and compares every module's output; see the module docstring.
     Keyword arguments other than `policy` go to the model."""
-    from xla_amp.autocast import autocast
     import torch_xla.core.xla_model as xm
     if not isinstance(model, nn.Module):
         raise TypeError(f"compare: expected an nn.Module, got {type(model).__name__}")

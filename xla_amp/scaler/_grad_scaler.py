@@ -19,9 +19,9 @@ Algorithm (one iteration; scale and growth_tracker are device tensors)::
                                  (scale *= growth if finite, tracker = 0))
 
 ``update`` is plain tensor ops with the factors as graph inputs
-(xla_amp/_scale_update.py says why not ``torch._amp_update_scale_``).
+(xla_amp/scaler/_update.py says why not ``torch._amp_update_scale_``).
 
-Any other optimizer takes a masked step (xla_amp/_masked_step.py): it runs, and
+Any other optimizer takes a masked step (xla_amp/scaler/_masked_step.py): it runs, and
 its effects are undone on the device when found_inf is set.
 
 Each optimizer goes through a state machine per iteration::
@@ -38,11 +38,11 @@ from typing import Any, Optional, Union
 
 import torch
 
-from xla_amp._masked_step import masked_step as _masked_step
+from xla_amp.scaler._masked_step import masked_step as _masked_step
 from xla_amp._param_walk import check_optimizer as _check_optimizer
-from xla_amp import _scale_update, _scaler_unscale as _unscale
-from xla_amp._scaler_state import ScalerStateDict
-from xla_amp._scaler_checks import checked as _checked
+from xla_amp.scaler import _update, _unscale
+from xla_amp.scaler._state_dict import ScalerStateDict
+from xla_amp.scaler._checks import checked as _checked
 
 __all__ = ["GradScaler", "OptState"]
 
@@ -241,7 +241,7 @@ class GradScaler(ScalerStateDict):
             total = found[0]
             for f in found[1:]:
                 total = total + f
-            _scale_update.update_on_device(self, total != 0)
+            _update.update_on_device(self, total != 0)
         self._per_optimizer = self._fresh_iteration()
 
     # -- queries and settings ---------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from xla_amp._scaler_checks import STATE_KEYS as _STATE_KEYS, checked as _checked
+from xla_amp.scaler._checks import STATE_KEYS as _STATE_KEYS, checked as _checked
 
 
 class ScalerStateDict:

@@ -1,4 +1,4 @@
-"""GradScaler's update rule, on the device (see grad_scaler.py's algorithm)::
+"""GradScaler's update rule, on the device (see _grad_scaler.py's algorithm)::
 
     found ? (scale = max(scale * backoff, min(min_scale, scale)), tracker = 0)
           : (tracker += 1; tracker == interval ? (scale *= growth if finite, tracker = 0))

@@ -36,7 +36,7 @@ Algorithm::
              wrappers wherever they sit, so handles come off in any order
 
 Everything on the call path is plain Python over prebuilt regions, so
-Dynamo traces it: a compiled model gets the same casts (`_dynamo.py` turns
+Dynamo traces it: a compiled model gets the same casts (`autocast/_dynamo.py` turns
 each region into policy push/pop nodes). Backward runs on what the
 forward's casts recorded, so every gradient takes its forward's dtypes;
 `custom_bwd` functions get the module's policy.

@@ -28,7 +28,9 @@ import warnings
 
 import torch
 
-from xla_amp import _engine, _recording, policies
+from xla_amp import _engine, policies
+from xla_amp.autocast import _recording
+from xla_amp.autocast._report import PrecisionReport
 from xla_amp.policies._policy import Policy
 
 _warned: set[tuple[str, torch.dtype]] = set()
@@ -144,7 +146,6 @@ class autocast(torch.amp.autocast):
         """The `PrecisionReport` of this region's latest entry (``record=True``):
         every decision the engine made inside it, per innermost module. Call it
         after the region (or inside, for what ran so far); no device work."""
-        from xla_amp.precision_report import PrecisionReport
         if not self._record:
             raise RuntimeError("autocast.report(): this region was built without "
                                "record=True; use xla_amp.autocast(device, record=True)")

@@ -1,0 +1,60 @@
+"""`explain`: one call of a module or function under a recording region,
+traced only, and its `PrecisionReport` (the rows are described in
+``xla_amp/autocast/_report.py``).
+
+    xla_amp.explain(model, x, policy="cuda").diff(xla_amp.explain(model, x, policy="tpu"))
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from xla_amp.autocast import PrecisionReport, autocast
+
+
+def xla_device_of(args, kwargs):
+    """The device of the first XLA tensor among the arguments, else the default
+    XLA device."""
+    for leaf in torch.utils._pytree.tree_leaves((args, kwargs)):
+        if isinstance(leaf, torch.Tensor) and leaf.device.type == "xla":
+            return leaf.device
+    import torch_xla
+    return torch_xla.device()
+
+
+@contextlib.contextmanager
+def buffers_kept(fn):
+    """While inside, `fn`'s buffers (a module's; nothing for a function) are
+    clones, so a forward run for inspection (BatchNorm's running statistics)
+    leaves the module as it was."""
+    if not isinstance(fn, torch.nn.Module):
+        yield
+        return
+    saved = [(m, name, b) for m in fn.modules() for name, b in m._buffers.items()
+             if b is not None]
+    for m, name, b in saved:
+        m._buffers[name] = b.clone()
+    try:
+        yield
+    finally:
+        for m, name, b in saved:
+            m._buffers[name] = b
+
+
+def explain(fn, *args, policy=None, **kwargs) -> PrecisionReport:
+    """Runs ``fn(*args, **kwargs)`` (a module or a function) once under
+    ``xla_amp.autocast(device, policy=policy, record=True)`` and returns its
+    `PrecisionReport`; the device is the first XLA tensor argument's. Only
+    traces (nothing executes, no transfer); a module's buffers are left as
+    they were. Module names are relative to `fn` when it is a module."""
+    return record_call(autocast(xla_device_of(args, kwargs), policy=policy, record=True),
+                       fn, *args, **kwargs)
+
+
+def record_call(region, fn, *args, **kwargs) -> PrecisionReport:
+    """``fn(*args, **kwargs)`` inside `region` (an ``autocast(...,
+    record=True)``), a module's buffers left as they were; its report."""
+    with buffers_kept(fn), region:
+        fn(*args, **kwargs)
+    return region.report()
