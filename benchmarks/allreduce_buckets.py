@@ -15,7 +15,6 @@ process emit the collectives it would emit on a pod.
 import argparse
 import os
 import re
-import statistics
 import time
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
@@ -27,6 +26,8 @@ import torch_xla.core.xla_model as xm  # noqa: E402
 import torchvision  # noqa: E402
 
 import xla_amp  # noqa: E402
+
+from _harness import markdown_table, median  # noqa: E402  (this folder's)
 
 
 class _Grads:
@@ -68,7 +69,7 @@ def measure(fn, holder, iters):
         trace.append(t1 - t0)
         lower.append(t2 - t1)
         collectives = len(re.findall(r" all-reduce\(", text))
-    return collectives, statistics.median(trace) * 1e3, statistics.median(lower) * 1e3
+    return collectives, median(trace) * 1e3, median(lower) * 1e3
 
 
 def main():
@@ -84,10 +85,8 @@ def main():
             for name, fn in (("per-tensor", per_tensor), ("xla_amp bucketed", bucketed))}
     print(f"{args.model}: {len(shapes)} gradient tensors, {n / 1e6:.1f} M values, "
           f"bucket cap {xla_amp.distributed.DEFAULT_BUCKET_CAP_MB:g} MB, median of {args.iters}")
-    print("| reduction | collectives/step | trace ms | lower-to-HLO ms |")
-    print("|---|---|---|---|")
-    for name, (c, t, l) in rows.items():
-        print(f"| {name} | {c} | {t:.2f} | {l:.2f} |")
+    print(markdown_table(["reduction", "collectives/step", "trace ms", "lower-to-HLO ms"],
+                         [[name, c, f"{t:.2f}", f"{l:.2f}"] for name, (c, t, l) in rows.items()]))
     pt, bk = rows["per-tensor"], rows["xla_amp bucketed"]
     print(f"\ncollectives {pt[0] / bk[0]:.0f}x fewer, trace {pt[1] / bk[1]:.1f}x, "
           f"lowering {pt[2] / bk[2]:.1f}x faster")

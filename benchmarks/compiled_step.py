@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import argparse
 import collections
-import math
 import os
 import re
-import statistics
 import sys
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
@@ -43,6 +41,8 @@ import torch_xla  # noqa: E402
 import xla_amp  # noqa: E402
 
 import syncfree_step  # noqa: E402  (this folder's; its model and per-round measurement)
+from _harness import (Tally, interleaved, md_header, md_row, median,  # noqa: E402
+                      paired_ratio, warm_up)
 
 PATHS = ("lazy", "compiled", "whole")
 SCALER = dict(init_scale=2.0 ** 16, growth_interval=4)
@@ -72,11 +72,10 @@ class Path(syncfree_step.Path):
         elif name == "whole":
             self.step_fn = torch.compile(self._step, backend="openxla")
         self.i = 0
-        self.counts = dict.fromkeys(("ExecuteTime", "TransferFromDeviceTime", "CompileTime"), 0)
+        self.tally = Tally()  # per-round ms/step, XLA metric counts
         self.recompiles = 0
         self.warmup_graphs = 0
         self.breaks: collections.Counter = collections.Counter()
-        self.ms: list[float] = []
 
     def _forward_loss(self, x, y):
         with xla_amp.autocast(self.dev, policy="tpu"):
@@ -101,8 +100,7 @@ class Path(syncfree_step.Path):
     def warm_up(self, n):
         before = collections.Counter(torch._dynamo.utils.counters["graph_break"])
         frames = _frames()
-        for _ in range(n):
-            self.train_step()
+        warm_up([self.train_step], n)
         self.warmup_graphs = _frames() - frames
         self.breaks = collections.Counter(torch._dynamo.utils.counters["graph_break"]) - before
 
@@ -113,34 +111,26 @@ class Path(syncfree_step.Path):
 
 
 def run_batch(args, dev, batch):
-    g = torch.Generator().manual_seed(0)
-    data = (torch.randn(batch, 1, 28, 28, generator=g).to(dev),
-            torch.randint(0, 10, (batch,), generator=g).to(dev),
-            torch.tensor(1.0).to(dev), torch.tensor(math.inf).to(dev))
+    data = syncfree_step.mnist_data(batch, dev)
     torch._dynamo.reset()
     paths = [Path(name, args, dev, data) for name in args.paths.split(",")]
     for p in paths:
         p.warm_up(args.warmup)
     per_round = max(1, args.steps // args.rounds)
-    for r in range(args.rounds):
-        for p in paths[r % len(paths):] + paths[:r % len(paths)]:
-            p.measure(per_round)
-    steps = per_round * args.rounds
-    base = next((p.ms for p in paths if p.name == "lazy"), None)
+    interleaved(paths, args.rounds, lambda p, r: p.measure(per_round))
+    base = next((p.tally.ms for p in paths if p.name == "lazy"), None)
     print(f"\nMNIST CNN, batch {batch}, tpu rules (bf16), syncfree.{args.optimizer}, "
           f"GradScaler, overflow every 5th step, lr changes every step; "
           f"{args.rounds} rounds x {per_round} steps\n")
-    print("| path | ms/step (median) | vs lazy | executions/step | transfers/step "
-          "| XLA compiles | Dynamo graphs: warm-up / after | graph breaks |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(md_header(["path", "ms/step (median)", "vs lazy", "executions/step", "transfers/step",
+                     "XLA compiles", "Dynamo graphs: warm-up / after", "graph breaks"]))
     for p in paths:
-        ratio = (statistics.median(a / b for a, b in zip(p.ms, base))
-                 if base is not None else float("nan"))
-        print(f"| {p.name} | {statistics.median(p.ms):.2f} | {ratio:.2f}x "
-              f"| {p.counts['ExecuteTime'] / steps:.2f} "
-              f"| {p.counts['TransferFromDeviceTime'] / steps:.2f} "
-              f"| {p.counts['CompileTime']} | {p.warmup_graphs} / {p.recompiles} "
-              f"| {sum(p.breaks.values())} |")
+        t = p.tally
+        ratio = paired_ratio(t.ms, base) if base is not None else float("nan")
+        print(md_row([p.name, f"{median(t.ms):.2f}", f"{ratio:.2f}x",
+                      f"{t.per_step('ExecuteTime'):.2f}",
+                      f"{t.per_step('TransferFromDeviceTime'):.2f}", t.counts["CompileTime"],
+                      f"{p.warmup_graphs} / {p.recompiles}", sum(p.breaks.values())]))
     for p in paths:
         for reason, n in sorted(p.breaks.items(), key=lambda kv: -kv[1]):
             print(f"- {p.name}: {n} x {_short(reason)}")

@@ -21,14 +21,11 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import re
-import statistics
-import subprocess
-import sys
 import tempfile
-import time
+
+from _harness import md_header, md_row, median, print_result, run_worker, time_steps, wait_device
 
 MODES = ("fp32", "amp", "bf16", "bf16_master", "bf16_sr", "bf16_sr_bf16state")
 
@@ -50,7 +47,6 @@ def worker(model_name: str, mode: str, steps: int) -> dict:
     import torch
     import torch.nn.functional as F
     import torch_xla
-    import torch_xla.core.xla_model as xm
 
     import lm
     import xla_amp
@@ -84,34 +80,24 @@ def worker(model_name: str, mode: str, steps: int) -> dict:
 
     for i in range(3):  # the first step creates the state: its graph differs
         step(i)
-    xm.wait_device_ops()
+    wait_device()
     tensors = [p for p in model.parameters()] + [p.grad for p in model.parameters()
                                                  if p.grad is not None]
     tensors += [v for st in opt.state.values() for v in st.values()
                 if isinstance(v, torch.Tensor) and v.dim() > 0]
     state_bytes = sum(t.numel() * t.element_size() for t in tensors)
-    times = []
-    for i in range(steps):
-        t0 = time.perf_counter()
-        step(i)
-        xm.wait_device_ops()
-        times.append(time.perf_counter() - t0)
+    times = [time_steps(lambda: step(i), 1) for i in range(steps)]
     return {"model": model_name, "mode": mode, "state_bytes": state_bytes,
-            "ms_per_step": statistics.median(times) * 1e3}
+            "ms_per_step": median(times)}
 
 
-def run_worker(model_name: str, mode: str, steps: int) -> dict:
+def run_mode(model_name: str, mode: str, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as dump:
         env = dict(os.environ, PJRT_DEVICE="CPU",
                    XLA_FLAGS=f"--xla_dump_to={dump} --xla_dump_hlo_as_text")
         env.pop("CPU_NUM_DEVICES", None)
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker",
-                               f"{model_name}:{mode}", "--steps", str(steps)],
-                              capture_output=True, text=True, env=env)
-        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        if proc.returncode or not line:
-            raise SystemExit(f"{model_name} {mode} failed:\n{proc.stderr[-3000:]}")
-        r = json.loads(line[0][len("RESULT "):])
+        r = run_worker(__file__, ["--worker", f"{model_name}:{mode}", "--steps", str(steps)],
+                       f"{model_name} {mode}", env=env)
         r["step_total"], r["step_peak"] = _step_graph_bytes(dump)
     return r
 
@@ -125,22 +111,21 @@ def main():
     args = ap.parse_args()
     if args.worker:
         model_name, mode = args.worker.split(":")
-        print("RESULT " + json.dumps(worker(model_name, mode, args.steps)), flush=True)
+        print_result(worker(model_name, mode, args.steps))
         return
     mib = lambda b: f"{b / 2 ** 20:.1f}"  # noqa: E731
     for model_name in args.models.split(","):
-        rows = {m: run_worker(model_name, m, args.steps) for m in args.modes.split(",")}
+        rows = {m: run_mode(model_name, m, args.steps) for m in args.modes.split(",")}
         ref = rows.get("fp32") or next(iter(rows.values()))
         amp = rows.get("amp") or ref
         print(f"\n{model_name}: MiB (vs fp32), step time vs amp")
-        print("| mode | params+grads+state | step graph total | step graph peak | ms/step | vs amp |")
-        print("|---|---|---|---|---|---|")
+        print(md_header(["mode", "params+grads+state", "step graph total", "step graph peak",
+                         "ms/step", "vs amp"]))
         for m, r in rows.items():
-            print(f"| {m} | {mib(r['state_bytes'])} ({r['state_bytes'] / ref['state_bytes']:.0%}) "
-                  f"| {mib(r['step_total'])} ({r['step_total'] / ref['step_total']:.0%}) "
-                  f"| {mib(r['step_peak'])} ({r['step_peak'] / ref['step_peak']:.0%}) "
-                  f"| {r['ms_per_step']:.1f} | {r['ms_per_step'] / amp['ms_per_step']:.2f}x |",
-                  flush=True)
+            print(md_row([m] + [f"{mib(r[k])} ({r[k] / ref[k]:.0%})"
+                                for k in ("state_bytes", "step_total", "step_peak")]
+                         + [f"{r['ms_per_step']:.1f}",
+                            f"{r['ms_per_step'] / amp['ms_per_step']:.2f}x"]), flush=True)
 
 
 if __name__ == "__main__":

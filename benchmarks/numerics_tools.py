@@ -24,20 +24,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import torch_xla  # noqa: E402
-import torch_xla.core.xla_model as xm  # noqa: E402
-import torch_xla.debug.metrics as met  # noqa: E402
 
 import xla_amp  # noqa: E402
 from xla_amp.scaler import _unscale as _scaler_unscale  # noqa: E402
 from xla_amp_launch.digits import MNISTNet  # noqa: E402
+
+from _harness import (Tally, interleaved, md_header, md_row, median,  # noqa: E402
+                      paired_ratio, warm_up)  # (this folder's)
 
 PER_GRADIENT_UNSCALE = _scaler_unscale.unscale
 
@@ -58,13 +57,6 @@ def fused_unscale(grads, inv_scale):
                                                  device=device)))
     return found, flags
 
-METRICS = ("TransferFromDeviceTime", "ExecuteTime", "CompileTime")
-
-
-def _count(name):
-    data = met.metric_data(name)
-    return 0 if data is None else data[0]
-
 
 class Variant:
     def __init__(self, name, dev, data):
@@ -75,8 +67,7 @@ class Variant:
         self.scaler = xla_amp.GradScaler(growth_interval=4)
         self.watch = xla_amp.watch_nonfinite(self.model) if name == "watch" else None
         self.i = 0
-        self.ms: list[float] = []
-        self.counts = dict.fromkeys(METRICS, 0)
+        self.tally = Tally()  # per-round ms/step, XLA metric counts
 
     def step(self):
         _scaler_unscale.unscale = (fused_unscale if self.name == "fused"
@@ -92,17 +83,6 @@ class Variant:
         torch_xla.sync()
         self.i += 1
 
-    def measure(self, n):
-        xm.wait_device_ops()
-        before = {m: _count(m) for m in METRICS}
-        t = time.perf_counter()
-        for _ in range(n):
-            self.step()
-        xm.wait_device_ops()
-        self.ms.append((time.perf_counter() - t) * 1e3 / n)
-        for m in METRICS:
-            self.counts[m] += _count(m) - before[m]
-
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -116,23 +96,20 @@ def main():
             torch.randint(0, 10, (args.batch,), generator=g).to(dev),
             torch.tensor(1.0).to(dev), torch.tensor(float("inf")).to(dev))
     variants = [Variant(name, dev, data) for name in ("plain", "watch", "record", "fused")]
-    for v in variants:  # warm-up: clean and overflow steps, every graph variant
-        for _ in range(10):
-            v.step()
-    for r in range(args.rounds):
-        for v in (variants if r % 2 == 0 else variants[::-1]):
-            v.measure(args.steps)
-    plain = variants[0]
-    n = args.rounds * args.steps
+    # warm-up: clean and overflow steps, every graph variant
+    warm_up([v.step for v in variants], 10)
+    interleaved(variants, args.rounds, lambda v, r: v.tally.measure(v.step, args.steps),
+                order="alternate")
+    plain = variants[0].tally
     print(f"MNIST step (batch {args.batch}), {args.rounds} rounds x {args.steps} steps, "
           "every 5th step overflows\n")
-    print("| variant | ms/step | vs plain | transfers/step | executions/step | compilations |")
-    print("|---|---|---|---|---|---|")
+    print(md_header(["variant", "ms/step", "vs plain", "transfers/step", "executions/step",
+                     "compilations"]))
     for v in variants:
-        ratio = statistics.median(a / b for a, b in zip(v.ms, plain.ms))
-        print(f"| {v.name} | {statistics.median(v.ms):.2f} | {ratio:.3f} | "
-              f"{v.counts['TransferFromDeviceTime'] / n:.2f} | "
-              f"{v.counts['ExecuteTime'] / n:.2f} | {v.counts['CompileTime']} |")
+        t = v.tally
+        print(md_row([v.name, f"{median(t.ms):.2f}", f"{paired_ratio(t.ms, plain.ms):.3f}",
+                      f"{t.per_step('TransferFromDeviceTime'):.2f}",
+                      f"{t.per_step('ExecuteTime'):.2f}", t.counts["CompileTime"]]))
     report = variants[1].watch.report()
     print(f"\nwatch.report() after the run: {report}")
 

@@ -25,8 +25,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import statistics
-import sys
 import time
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
@@ -36,6 +34,8 @@ import torch_xla  # noqa: E402
 import torch_xla.core.xla_model as xm  # noqa: E402
 
 import xla_amp  # noqa: E402,F401
+
+from _harness import interleaved, md_header, md_row, median, warm_up  # noqa: E402 (this folder's)
 
 OPTS = {"sgd": ("SGD", dict(lr=1e-2, momentum=0.9)),
         "adam": ("Adam", dict(lr=1e-3)),
@@ -64,11 +64,10 @@ class Variant:
         self.sched = torch.optim.lr_scheduler.ExponentialLR(self.opt, gamma=0.999)
         self.flags = [torch.tensor(0.0).to(dev), torch.tensor(1.0).to(dev)]
         self.i = 0
-        self.step_us: list[float] = []
-        self.sync_us: list[float] = []
         self.nparams = len(shapes)
 
     def one(self):
+        """One step: (step, sync) seconds of tracing-thread CPU time."""
         flag = self.flags[int(self.i % 5 == 4)]
         t0 = time.thread_time()
         self.opt.step(found_inf=flag)
@@ -78,11 +77,6 @@ class Variant:
         self.sched.step()  # lr changes every step, as in training
         self.i += 1
         return t1 - t0, t2 - t1
-
-    def record(self):
-        a, b = self.one()
-        self.step_us.append(a * 1e6)
-        self.sync_us.append(b * 1e6)
 
 
 def main():
@@ -97,23 +91,18 @@ def main():
     modules = args.modules.split(",")
     print(f"trace cost per optimizer step, µs of tracing-thread CPU time "
           f"(median of {args.iters} steps, variants alternating step by step)\n")
-    print("| model (tensors) | optimizer | " + " | ".join(
-        f"{m} step | {m} sync" for m in modules) + " |")
-    print("|---|---|" + "---|---|" * len(modules))
+    print(md_header(["model (tensors)", "optimizer"]
+                    + [f"{m} {part}" for m in modules for part in ("step", "sync")]))
     for model in args.models.split(","):
         for opt in args.optimizers.split(","):
             vs = [Variant(m, opt, model, dev) for m in modules]
-            for v in vs:
-                for _ in range(args.warmup):
-                    v.one()
-            xm.wait_device_ops()
-            for i in range(args.iters):
-                for v in (vs if i % 2 == 0 else vs[::-1]):
-                    v.record()
-            cells = " | ".join(f"{statistics.median(v.step_us):.0f} | "
-                               f"{statistics.median(v.sync_us):.0f}" for v in vs)
-            print(f"| {model} ({vs[0].nparams}) | {opt} | {cells} |", flush=True)
-            del vs
+            warm_up([v.one for v in vs], args.warmup)
+            # a round is one step of each variant
+            times = interleaved(vs, args.iters, lambda v, i: v.one(), order="alternate")
+            cells = [f"{median(t[part] * 1e6 for t in times[v]):.0f}"
+                     for v in vs for part in (0, 1)]
+            print(md_row([f"{model} ({vs[0].nparams})", opt] + cells), flush=True)
+            del vs, times
             xm.wait_device_ops()
 
 

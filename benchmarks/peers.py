@@ -30,12 +30,12 @@ Prints a markdown table (ms/step and ratios) and writes a bar chart to
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
-import subprocess
 import sys
 import time
+
+from _harness import (Tally, interleaved, markdown_table, median, print_result,  # this folder's
+                      run_worker, time_steps, warm_up)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -77,8 +77,6 @@ def run_torch(path: str, args) -> dict:
     import torch
     import torch.nn.functional as F
     import torch_xla
-    import torch_xla.core.xla_model as xm
-    import torch_xla.debug.metrics as met
 
     dev = torch_xla.device()
     model = initial_model().to(dev)
@@ -102,6 +100,7 @@ def run_torch(path: str, args) -> dict:
         scaler = None
 
     step_no = [0]
+    last_loss = [None]
 
     def step():
         x, y = data[step_no[0] % len(data)]
@@ -118,28 +117,15 @@ def run_torch(path: str, args) -> dict:
             scaler.step(opt)
             scaler.update()
         torch_xla.sync()
-        return loss
+        last_loss[0] = loss
 
-    for _ in range(args.warmup):
-        loss = step()
-    xm.wait_device_ops()
-    met.clear_all()
-    ms = []
+    warm_up([step], args.warmup)
+    tally = Tally()  # XLA metric counts over the timed steps only
     for _ in range(args.blocks):
-        t0 = time.perf_counter()
-        for _ in range(args.steps):
-            loss = step()
-        xm.wait_device_ops()
-        ms.append((time.perf_counter() - t0) * 1e3 / args.steps)
-    n = args.steps * args.blocks
-
-    def count(name):
-        data = met.metric_data(name)
-        return 0 if data is None else data[0]
-
-    return dict(ms=ms, executions=count("ExecuteTime") / n,
-                transfers=count("TransferFromDeviceTime") / n,
-                compilations_timed=count("CompileTime"), loss=float(loss))
+        tally.measure(step, args.steps)
+    return dict(ms=tally.ms, executions=tally.per_step("ExecuteTime"),
+                transfers=tally.per_step("TransferFromDeviceTime"),
+                compilations_timed=tally.counts["CompileTime"], loss=float(last_loss[0]))
 
 
 def run_jax(path: str, args) -> dict:
@@ -183,23 +169,21 @@ def run_jax(path: str, args) -> dict:
         return params, momentum, loss
 
     train_step = jax.jit(train_step.__wrapped__, donate_argnums=(0, 1))
-    i = 0
-    for _ in range(args.warmup):
-        x, y = data[i % len(data)]
-        i += 1
-        params, momentum, loss = train_step(params, momentum, x, y)
-    jax.block_until_ready(params)
-    ms = []
-    for _ in range(args.blocks):
-        t0 = time.perf_counter()
-        for _ in range(args.steps):
-            x, y = data[i % len(data)]
-            i += 1
-            params, momentum, loss = train_step(params, momentum, x, y)
-        jax.block_until_ready((params, momentum, loss))
-        ms.append((time.perf_counter() - t0) * 1e3 / args.steps)
+    state = [params, momentum, None]  # (params, momentum, loss)
+    step_no = [0]
+
+    def step():
+        x, y = data[step_no[0] % len(data)]
+        step_no[0] += 1
+        state[:] = train_step(state[0], state[1], x, y)
+
+    def wait():
+        jax.block_until_ready(state)
+
+    warm_up([step], args.warmup, wait=wait)
+    ms = [time_steps(step, args.steps, wait=wait) for _ in range(args.blocks)]
     return dict(ms=ms, executions=None, transfers=None, compilations_timed=None,
-                loss=float(np.asarray(loss)))
+                loss=float(np.asarray(state[2])))
 
 
 # ----------------------------------------------------------------- driver
@@ -207,39 +191,33 @@ def run_jax(path: str, args) -> dict:
 
 def worker(args) -> None:
     fn = run_jax if args.worker.startswith("jax") else run_torch
-    print("RESULT " + json.dumps(fn(args.worker, args)), flush=True)
+    print_result(fn(args.worker, args))
 
 
-def run_worker(path: str, args) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", path,
-           "--steps", str(args.steps), "--blocks", str(args.blocks),
-           "--warmup", str(args.warmup), "--batch_size", str(args.batch_size),
-           "--num_batches", str(args.num_batches)]
+def run_path(path: str, args) -> dict:
+    argv = ["--worker", path, "--steps", str(args.steps), "--blocks", str(args.blocks),
+            "--warmup", str(args.warmup), "--batch_size", str(args.batch_size),
+            "--num_batches", str(args.num_batches)]
     if args.policy:
-        cmd += ["--policy", args.policy]
+        argv += ["--policy", args.policy]
     env = dict(os.environ, PJRT_DEVICE=os.environ.get("PJRT_DEVICE", "CPU"))
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
-    raise SystemExit(f"peers.py: the {path!r} worker failed (exit {proc.returncode})")
+    return run_worker(__file__, argv, f"the {path!r} worker", env=env)
 
 
 def table(rows: dict, args) -> str:
     base = rows["fp32"]["median"] if "fp32" in rows else None
     jax_ms = rows["jax_bf16"]["median"] if "jax_bf16" in rows else None
-    lines = ["| # | path | ms/step | vs fp32 torch_xla | vs JAX bf16 | "
-             "executions/step | host transfers/step |", "|---|---|---|---|---|---|---|"]
+    cells = []
     for n, (path, r) in enumerate(rows.items(), 1):
         def ratio(ref):
             return f"{r['median'] / ref:.2f}x" if ref else "-"
 
         def fmt(v):
             return "-" if v is None else f"{v:.2f}"
-        lines.append(f"| {n} | {LABELS[path]} | {r['median']:.1f} | {ratio(base)} | "
-                     f"{ratio(jax_ms)} | {fmt(r['executions'])} | {fmt(r['transfers'])} |")
-    return "\n".join(lines)
+        cells.append([n, LABELS[path], f"{r['median']:.1f}", ratio(base), ratio(jax_ms),
+                      fmt(r["executions"]), fmt(r["transfers"])])
+    return markdown_table(["#", "path", "ms/step", "vs fp32 torch_xla", "vs JAX bf16",
+                           "executions/step", "host transfers/step"], cells)
 
 
 def chart(rows: dict, png: str, title: str) -> None:
@@ -286,17 +264,18 @@ def main():
         if p not in LABELS:
             ap.error(f"--paths: unknown path {p!r}; choose from {', '.join(LABELS)}")
     t0 = time.time()
-    results = {p: [] for p in paths}
-    for r in range(args.rounds):
-        for p in paths:
-            res = run_worker(p, args)
-            results[p].append(res)
-            print(f"round {r + 1}/{args.rounds} {p:10s} "
-                  + " ".join(f"{m:.1f}" for m in res["ms"]) + " ms/step", flush=True)
+
+    def one(p, r):
+        res = run_path(p, args)
+        print(f"round {r + 1}/{args.rounds} {p:10s} "
+              + " ".join(f"{m:.1f}" for m in res["ms"]) + " ms/step", flush=True)
+        return res
+
+    results = interleaved(paths, args.rounds, one, order="fixed")
     rows = {}
     for p, rs in results.items():
         ms = [m for res in rs for m in res["ms"]]
-        rows[p] = dict(median=statistics.median(ms), min=min(ms),
+        rows[p] = dict(median=median(ms), min=min(ms),
                        executions=rs[-1]["executions"], transfers=rs[-1]["transfers"])
     import torch
     import jax

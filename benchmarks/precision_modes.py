@@ -23,12 +23,10 @@ ratio to amp's; writes the loss curves to ``docs/precision_modes.png``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import subprocess
-import sys
 
+from _harness import markdown_table, print_result, run_worker  # this folder's
 from lm import MODES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -91,25 +89,19 @@ def main():
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print("RESULT " + json.dumps(worker(args.worker, args)), flush=True)
+        print_result(worker(args.worker, args))
         return
     results = {}
     for mode in args.modes.split(","):
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", mode, "--steps",
-               str(args.steps), "--lr", str(args.lr), "--chars", str(args.chars),
-               "--eval_every", str(args.eval_every)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        if proc.returncode or not line:
-            raise SystemExit(f"{mode} failed:\n{proc.stderr[-3000:]}")
-        results[mode] = json.loads(line[0][len("RESULT "):])
+        results[mode] = run_worker(__file__, [
+            "--worker", mode, "--steps", str(args.steps), "--lr", str(args.lr),
+            "--chars", str(args.chars), "--eval_every", str(args.eval_every)], mode)
         print(f"{mode}: held-out loss {results[mode]['final']:.4f}", flush=True)
     amp = results.get("amp", {}).get("final")
     print(f"\nLM on stdlib source, {args.steps} steps: held-out loss (16 batches)")
-    print("| mode | held-out loss | vs amp |\n|---|---|---|")
-    for mode, r in results.items():
-        ratio = f"{r['final'] / amp:.4f}" if amp else "-"
-        print(f"| {mode} | {r['final']:.4f} | {ratio} |")
+    print(markdown_table(["mode", "held-out loss", "vs amp"],
+                         [[mode, f"{r['final']:.4f}", f"{r['final'] / amp:.4f}" if amp else "-"]
+                          for mode, r in results.items()]))
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

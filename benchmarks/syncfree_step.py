@@ -29,9 +29,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import statistics
-import sys
-import time
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 
@@ -40,9 +37,11 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import torch_xla  # noqa: E402
 import torch_xla.core.xla_model as xm  # noqa: E402
-import torch_xla.debug.metrics as met  # noqa: E402
 
 import xla_amp  # noqa: E402
+
+from _harness import (Tally, interleaved, md_header, md_row, median,  # noqa: E402
+                      paired_ratio, warm_up)  # (this folder's)
 
 
 class MNISTNet(nn.Module):
@@ -112,8 +111,7 @@ class Path:
             name, args.optimizer, self.model.parameters(), dev, args.lr)
         self.sched = torch.optim.lr_scheduler.ExponentialLR(self.opt, gamma=0.99)
         self.i = 0
-        self.counts = {"TransferFromDeviceTime": 0, "ExecuteTime": 0, "CompileTime": 0}
-        self.ms: list[float] = []
+        self.tally = Tally()  # per-round ms/step, XLA metric counts
         self.loss = None
 
     def train_step(self):
@@ -138,25 +136,16 @@ class Path:
         self.loss = loss
 
     def measure(self, n):
-        xm.wait_device_ops()
-        met.clear_all()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            self.train_step()
-        xm.wait_device_ops()
-        self.ms.append((time.perf_counter() - t0) * 1e3 / n)
-        for k in self.counts:
-            data = met.metric_data(k)
-            self.counts[k] += 0 if data is None else data[0]
+        self.tally.measure(self.train_step, n)
 
-    def row(self, steps):
-        return dict(path=self.name, transfers=self.counts["TransferFromDeviceTime"] / steps,
-                    executions=self.counts["ExecuteTime"] / steps,
-                    compilations=self.counts["CompileTime"],
-                    ms=statistics.median(self.ms), lo=min(self.ms), hi=max(self.ms),
+    def row(self):
+        t = self.tally
+        return dict(path=self.name, transfers=t.per_step("TransferFromDeviceTime"),
+                    executions=t.per_step("ExecuteTime"), compilations=t.counts["CompileTime"],
+                    ms=median(t.ms), lo=min(t.ms), hi=max(t.ms),
                     # read back only after measuring: training went on
                     scale=self.scaler.get_scale() if self.scaler else None,
-                    loss=float(self.loss.item()), per_round=self.ms)
+                    loss=float(self.loss.item()), per_round=t.ms)
 
 
 def main():
@@ -176,43 +165,41 @@ def main():
         run_batch(args, dev, batch)
 
 
-def run_batch(args, dev, batch):
+def mnist_data(batch, dev):
+    """(x, y, one, inf) on ``dev``: a fixed MNIST-shaped batch, and the
+    device-side factors a step multiplies x by (inf: an overflow step)."""
     g = torch.Generator().manual_seed(0)
-    data = (torch.randn(batch, 1, 28, 28, generator=g).to(dev),
+    return (torch.randn(batch, 1, 28, 28, generator=g).to(dev),
             torch.randint(0, 10, (batch,), generator=g).to(dev),
             torch.tensor(1.0).to(dev), torch.tensor(math.inf).to(dev))
 
+
+def run_batch(args, dev, batch):
+    data = mnist_data(batch, dev)
     paths = [Path(name, args, dev, data) for name in args.paths.split(",")]
-    for p in paths:
-        for _ in range(args.warmup):
-            p.train_step()
+    warm_up([p.train_step for p in paths], args.warmup)
     # Rounds interleave the paths so that load from other processes hits them
-    # alike; ms/step is the median over rounds.
+    # alike; ms/step is the median over rounds. Each round starts with another
+    # path: none always follows the stock path's heavier graphs, or always leads.
     per_round = max(1, args.steps // args.rounds)
-    for r in range(args.rounds):
-        # each round starts with another path: none always follows the
-        # stock path's heavier graphs, or always leads
-        for p in paths[r % len(paths):] + paths[:r % len(paths)]:
-            p.measure(per_round)
-    rows = [p.row(per_round * args.rounds) for p in paths]
+    interleaved(paths, args.rounds, lambda p, r: p.measure(per_round))
+    rows = [p.row() for p in paths]
     stock = next((r["ms"] for r in rows if r["path"] == "torch.amp"), None)
     txla = next((r["per_round"] for r in rows if r["path"] == "torch_xla"), None)
     print(f"\nMNIST CNN, batch {batch}, bf16 autocast, {args.optimizer}, "
           f"{per_round * args.rounds} steps ({args.rounds} interleaved rounds, median) after "
           f"{args.warmup} warm-up, overflow every 5th step, "
           f"lr changed every step; device {xm.xla_device_hw(dev)}\n")
-    print("| path | D2H transfers/step | executions/step | compilations | ms/step "
-          "| min..max over rounds | speed-up vs torch.amp | time vs torch_xla (paired) "
-          "| final scale |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(md_header(["path", "D2H transfers/step", "executions/step", "compilations",
+                     "ms/step", "min..max over rounds", "speed-up vs torch.amp",
+                     "time vs torch_xla (paired)", "final scale"]))
     for r in rows:
         speed = f"{stock / r['ms']:.1f}x" if stock else "-"
-        paired = (f"{statistics.median(a / b for a, b in zip(r['per_round'], txla)):.2f}"
-                  if txla else "-")
+        paired = f"{paired_ratio(r['per_round'], txla):.2f}" if txla else "-"
         scale = "-" if r["scale"] is None else f"{r['scale']:g}"
-        print(f"| {r['path']} | {r['transfers']:.2f} | {r['executions']:.2f} | "
-              f"{r['compilations']} | {r['ms']:.1f} | {r['lo']:.1f}..{r['hi']:.1f} | "
-              f"{speed} | {paired} | {scale} |", flush=True)
+        print(md_row([r["path"], f"{r['transfers']:.2f}", f"{r['executions']:.2f}",
+                      r["compilations"], f"{r['ms']:.1f}", f"{r['lo']:.1f}..{r['hi']:.1f}",
+                      speed, paired, scale]), flush=True)
 
 
 if __name__ == "__main__":

@@ -23,12 +23,11 @@ recording off.
 """
 import argparse
 import contextlib
-import json
 import os
-import statistics
-import subprocess
-import sys
 import time
+
+from _harness import (interleaved, md_header, md_row, median,  # this folder's
+                      print_result, run_worker)
 
 
 def models(torch):
@@ -88,8 +87,8 @@ def worker(kind, iters):
                 del loss
                 if i >= 20:
                     times.append(t1 - t0)
-            result[f"{name}/{variant}"] = statistics.median(times) * 1e6
-    print(json.dumps(result))
+            result[f"{name}/{variant}"] = median(times) * 1e6
+    print_result(result)
 
 
 def main():
@@ -101,42 +100,39 @@ def main():
     args = ap.parse_args()
     if args.worker:
         return worker(args.worker, args.iters)
-    runs = {"stock": [], "xla_amp": []}
-    if args.before:
-        runs["before"] = []
-    for r in range(args.rounds):
-        for kind in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
-            env = dict(os.environ)
-            if kind == "before":
-                env["PYTHONPATH"] = os.path.abspath(args.before)
-            out = subprocess.run([sys.executable, __file__, "--worker", kind, "--iters",
-                                  str(args.iters)], capture_output=True, text=True, check=True,
-                                 env=env)
-            runs[kind].append(json.loads(out.stdout.strip().splitlines()[-1]))
-    med = lambda kind, key: min(r[key] for r in runs[kind])
+
+    def run(kind, r):
+        env = dict(os.environ)
+        if kind == "before":
+            env["PYTHONPATH"] = os.path.abspath(args.before)
+        return run_worker(__file__, ["--worker", kind, "--iters", str(args.iters)],
+                          f"the {kind!r} worker", env=env)
+
+    kinds = ["stock", "xla_amp"] + (["before"] if args.before else [])
+    runs = interleaved(kinds, args.rounds, run, order="alternate")
+    best = lambda kind, key: min(r[key] for r in runs[kind])  # noqa: E731
     print(f"Trace cost, forward+backward, batch 64: µs/step, best of {args.rounds} processes "
           f"(each the median of {args.iters} steps)")
-    print("| model | (a) no autocast | (a') same, xla_amp imported | (b) PyTorch/XLA autocast "
-          "| (c) xla_amp | b/a | c/b |")
-    print("|---|---|---|---|---|---|---|")
+    print(md_header(["model", "(a) no autocast", "(a') same, xla_amp imported",
+                     "(b) PyTorch/XLA autocast", "(c) xla_amp", "b/a", "c/b"]))
     for model in ("cnn", "mlp"):
-        a = med("stock", f"{model}/none")
-        a2 = med("xla_amp", f"{model}/none")
-        b = med("stock", f"{model}/autocast")
-        c = med("xla_amp", f"{model}/autocast")
-        print(f"| {model} | {a:.0f} | {a2:.0f} | {b:.0f} | {c:.0f} | {b / a:.3f} | {c / b:.3f} |")
-    if "record" in runs["xla_amp"][0] or args.before:
-        print("\n| model | (c) xla_amp | (d) record=True | d/c |"
-              + (" (c0) before | c/c0 |" if args.before else ""))
-        print("|---|---|---|---|" + ("---|---|" if args.before else ""))
+        a = best("stock", f"{model}/none")
+        a2 = best("xla_amp", f"{model}/none")
+        b = best("stock", f"{model}/autocast")
+        c = best("xla_amp", f"{model}/autocast")
+        print(md_row([model, f"{a:.0f}", f"{a2:.0f}", f"{b:.0f}", f"{c:.0f}", f"{b / a:.3f}",
+                      f"{c / b:.3f}"]))
+    if any(k.endswith("/record") for k in runs["xla_amp"][0]) or args.before:
+        print("\n" + md_header(["model", "(c) xla_amp", "(d) record=True", "d/c"]
+                               + (["(c0) before", "c/c0"] if args.before else [])))
         for model in ("cnn", "mlp"):
-            c = med("xla_amp", f"{model}/autocast")
-            d = med("xla_amp", f"{model}/record")
-            line = f"| {model} | {c:.0f} | {d:.0f} | {d / c:.3f} |"
+            c = best("xla_amp", f"{model}/autocast")
+            d = best("xla_amp", f"{model}/record")
+            cells = [model, f"{c:.0f}", f"{d:.0f}", f"{d / c:.3f}"]
             if args.before:
-                c0 = med("before", f"{model}/autocast")
-                line += f" {c0:.0f} | {c / c0:.3f} |"
-            print(line)
+                c0 = best("before", f"{model}/autocast")
+                cells += [f"{c0:.0f}", f"{c / c0:.3f}"]
+            print(md_row(cells))
 
 
 if __name__ == "__main__":

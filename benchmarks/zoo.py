@@ -28,8 +28,6 @@ import argparse
 import json
 import os
 import re
-import statistics
-import time
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 
@@ -37,10 +35,11 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import torch_xla  # noqa: E402
-import torch_xla.core.xla_model as xm  # noqa: E402
-import torch_xla.debug.metrics as met  # noqa: E402
 
 import xla_amp  # noqa: E402
+
+from _harness import (Tally, interleaved, md_header, md_row, median,  # noqa: E402
+                      paired_ratio, time_steps, warm_up)  # (this folder's)
 
 TORCHVISION = ("resnet18", "resnet50", "mobilenet_v3_small", "efficientnet_b0",
                "convnext_tiny", "densenet121", "regnet_y_400mf", "shufflenet_v2_x0_5",
@@ -129,13 +128,6 @@ def _copy(model):
     return copy.deepcopy(model)
 
 
-def counters() -> tuple[int, int, int]:
-    def count(name):
-        data = met.metric_data(name)
-        return data[0] if data else 0
-    return count("ExecuteTime"), count("TransferFromDeviceTime"), count("CompileTime")
-
-
 def eager_bf16_deviation(cpu_model, x, y) -> float:
     """|loss(bf16 autocast) - loss(fp32)| / loss(fp32) of PyTorch's own CPU
     autocast on the same weights and batch, eager on the CPU: how far bf16
@@ -160,16 +152,13 @@ def check(name: str, variants: list[str], steps: int, batch: int, image: int, lr
         try:
             trainer = Trainer(variant, cpu_model, x, y, dev, lr, init_scale)
             torch_xla.sync()
-            xm.wait_device_ops()  # metrics count finished executions
-            e0, t0, c0 = counters()
-            losses = [trainer.step().detach() for _ in range(steps)]
-            xm.wait_device_ops()
-            e1, t1, c1 = counters()
+            losses, tally = [], Tally()  # XLA metric counts over the steps
+            tally.measure(lambda: losses.append(trainer.step().detach()), steps)
             row["losses"] = [float(v) for v in torch.stack(losses).cpu()]
-            row["executions_per_step"] = (e1 - e0) / steps
-            row["transfers_per_step"] = (t1 - t0) / steps
+            row["executions_per_step"] = tally.per_step("ExecuteTime")
+            row["transfers_per_step"] = tally.per_step("TransferFromDeviceTime")
             row["scale"] = trainer.scaler.get_scale()
-            row["compilations"] = c1 - c0
+            row["compilations"] = tally.counts["CompileTime"]
         except Exception as e:  # reported, not raised: the sweep goes on
             row["error"] = f"{type(e).__name__}: {str(e)[:600]}"
         print(json.dumps(row), flush=True)
@@ -182,29 +171,21 @@ def timed(names, rounds: int, steps: int, batch: int, image: int):
     print(f"Step time by policy (batch {batch}, {image}x{image} images; median of "
           f"{rounds} interleaved rounds of {steps} steps; ratios are medians of "
           "per-round ratios)\n")
-    print("| model | policy | ms/step | vs tpu | vs fp32 | converts in step HLO |")
-    print("|---|---|---|---|---|---|")
+    print(md_header(["model", "policy", "ms/step", "vs tpu", "vs fp32",
+                     "converts in step HLO"]))
     for name in names:
         cpu_model, x, y = build(name, batch, image)
         trainers = {v: Trainer(v, cpu_model, x, y, dev, lr=1e-3) for v in VARIANTS}
         converts = {v: t.converts() for v, t in trainers.items()}
-        for t in trainers.values():  # warm-up: both graphs of each variant
-            for _ in range(3):
-                t.step()
-        times = {v: [] for v in VARIANTS}
-        for r in range(rounds):
-            order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
-            for v in order:
-                start = time.perf_counter()
-                for _ in range(steps):
-                    trainers[v].step()
-                xm.wait_device_ops()
-                times[v].append((time.perf_counter() - start) * 1e3 / steps)
+        # warm-up: both graphs of each variant
+        warm_up([t.step for t in trainers.values()], 3)
+        times = interleaved(VARIANTS, rounds,
+                            lambda v, r, ts=trainers: time_steps(ts[v].step, steps))
         for v in VARIANTS:
-            vs_tpu = statistics.median(a / b for a, b in zip(times[v], times["tpu"]))
-            vs_fp32 = statistics.median(a / b for a, b in zip(times[v], times["fp32"]))
-            print(f"| {name} | {v} | {statistics.median(times[v]):.1f} | {vs_tpu:.3f} | "
-                  f"{vs_fp32:.3f} | {converts[v]} |", flush=True)
+            print(md_row([name, v, f"{median(times[v]):.1f}",
+                          f"{paired_ratio(times[v], times['tpu']):.3f}",
+                          f"{paired_ratio(times[v], times['fp32']):.3f}", converts[v]]),
+                  flush=True)
         del trainers
 
 

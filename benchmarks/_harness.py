@@ -1,0 +1,200 @@
+"""What the benchmarks share: interleaved rounds, medians, XLA metric counts,
+markdown tables and worker subprocesses. Each benchmark keeps only its own
+measurement. Imported as this folder's sibling (``import _harness``), like
+benchmarks/lm.py.
+
+The rules it keeps:
+
+- warm-up covers every graph variant before timing starts (``warm_up``:
+  each variant's step runs as often as it takes to build all its graphs,
+  then the device is waited for);
+- variants are timed in interleaved rounds (``interleaved``), so slow drifts
+  and load from other processes hit them alike; a variant's figure is (in
+  most benchmarks) the median over rounds and a ratio the median of
+  per-round ratios (``paired_ratio``);
+- XLA metrics are read only after ``wait_device_ops()``: torch_xla.sync()
+  is asynchronous, and an execution still running is not counted yet.
+
+Nothing here imports torch_xla, torch or xla_amp at import time: a parent
+process that only runs workers, a JAX worker and the stock torch.amp worker
+(which must never import xla_amp) import this module too.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, Hashable, Iterable, Sequence
+
+#: The torch_xla.debug.metrics metrics the benchmarks count: graph
+#: executions, device-to-host transfers and XLA compilations.
+METRICS = ("ExecuteTime", "TransferFromDeviceTime", "CompileTime")
+
+median = statistics.median
+
+
+# ------------------------------------------------------------ device, metrics
+
+
+def wait_device() -> None:
+    """Waits until the XLA device has run everything launched so far."""
+    import torch_xla.core.xla_model as xm
+    xm.wait_device_ops()
+
+
+def counts(names: Sequence[str] = METRICS) -> dict[str, int]:
+    """How many samples each torch_xla.debug.metrics metric holds (0 for
+    one never recorded), after waiting for the device."""
+    import torch_xla.debug.metrics as met
+    wait_device()
+    out = {}
+    for name in names:
+        data = met.metric_data(name)
+        out[name] = data[0] if data else 0
+    return out
+
+
+# ------------------------------------------------------------------ timing
+
+
+def warm_up(steps: Iterable[Callable[[], object]], n: int,
+            wait: Callable[[], object] = wait_device) -> None:
+    """Runs each variant's step ``n`` times, then waits for the device. ``n``
+    must cover every graph a variant builds (the first step's, an overflow
+    step's, ...): warm-up compiles every graph variant before timing starts."""
+    for step in steps:
+        for _ in range(n):
+            step()
+    wait()
+
+
+def time_steps(step: Callable[[], object], n: int,
+               wait: Callable[[], object] = wait_device) -> float:
+    """ms per step of ``n`` calls of ``step``: the device is waited for before
+    the clock starts and again before it stops, so the time is these steps'
+    tracing and execution, nothing earlier."""
+    wait()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+    wait()
+    return (time.perf_counter() - t0) * 1e3 / n
+
+
+def measure(step: Callable[[], object], n: int,
+            names: Sequence[str] = METRICS) -> tuple[float, dict[str, int]]:
+    """(ms per step, XLA metric counts over these steps) of ``n`` calls of
+    ``step`` (see ``time_steps`` and ``counts``)."""
+    before = counts(names)
+    ms = time_steps(step, n)
+    after = counts(names)
+    return ms, {k: after[k] - before[k] for k in names}
+
+
+class Tally:
+    """One variant's measured blocks of steps: ms/step of each block and the
+    XLA metric counts summed over all of them."""
+
+    def __init__(self):
+        self.ms: list[float] = []
+        self.counts: collections.Counter = collections.Counter()
+        self.steps = 0
+
+    def measure(self, step: Callable[[], object], n: int) -> float:
+        """Runs and measures ``n`` more steps (``measure``); their ms/step."""
+        ms, c = measure(step, n)
+        self.ms.append(ms)
+        self.counts.update(c)
+        self.steps += n
+        return ms
+
+    def per_step(self, metric: str) -> float:
+        """``metric``'s count per measured step."""
+        return self.counts[metric] / self.steps
+
+
+# ------------------------------------------------------------------ rounds
+
+ORDERS = ("rotate", "alternate", "fixed")
+
+
+def round_order(variants: Sequence, r: int, order: str = "rotate") -> list:
+    """The order of round ``r``. ``rotate``: led by variant r % n, so none
+    always leads or always follows the same heavier one; ``alternate``: as
+    given in even rounds, reversed in odd ones; ``fixed``: always as given."""
+    variants = list(variants)
+    if order == "rotate":
+        k = r % len(variants)
+        return variants[k:] + variants[:k]
+    if order == "alternate":
+        return variants if r % 2 == 0 else variants[::-1]
+    if order == "fixed":
+        return variants
+    raise ValueError(f"order {order!r}: one of {', '.join(ORDERS)}")
+
+
+def interleaved(variants: Iterable[Hashable], rounds: int,
+                run_one: Callable[[Hashable, int], object],
+                order: str = "rotate") -> dict:
+    """Runs ``run_one(variant, r)`` for every variant in each of ``rounds``
+    rounds (A B A B ..., in ``round_order``); {variant: its results, one a
+    round}. Warm up first: the first round is timed like every other."""
+    variants = list(variants)
+    results: dict = {v: [] for v in variants}
+    for r in range(rounds):
+        for v in round_order(variants, r, order):
+            results[v].append(run_one(v, r))
+    return results
+
+
+def paired_ratio(a: Sequence[float], b: Sequence[float]) -> float:
+    """The median of per-round ratios a[r] / b[r]: a drift of the machine
+    that slows both in a round cancels."""
+    return median(x / y for x, y in zip(a, b))
+
+
+# ------------------------------------------------------------------ tables
+
+
+def md_row(cells: Iterable) -> str:
+    """``| a | b | c |``."""
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def md_header(columns: Sequence[str]) -> str:
+    """A markdown table's header line and its separator line."""
+    return md_row(columns) + "\n|" + "---|" * len(columns)
+
+
+def markdown_table(columns: Sequence[str], rows: Iterable[Iterable]) -> str:
+    """A whole markdown table (rows of cells, already formatted)."""
+    return "\n".join([md_header(columns)] + [md_row(r) for r in rows])
+
+
+# ----------------------------------------------------------------- workers
+
+RESULT = "RESULT "
+
+
+def print_result(result: dict) -> None:
+    """A worker's answer to ``run_worker``: one JSON line on stdout."""
+    print(RESULT + json.dumps(result), flush=True)
+
+
+def run_worker(script: str, argv: Sequence[str], what: str,
+               env: dict | None = None) -> dict:
+    """Runs ``python script *argv`` (a benchmark in its worker mode) in a
+    subprocess and returns the result it printed with ``print_result`` (even
+    if the process then failed on its way out); a worker that printed none
+    ends the benchmark with its output's tail."""
+    proc = subprocess.run([sys.executable, os.path.abspath(script), *argv],
+                          capture_output=True, text=True, env=env)
+    for line in proc.stdout.splitlines():
+        if line.startswith(RESULT):
+            return json.loads(line[len(RESULT):])
+    raise SystemExit(f"{os.path.basename(script)}: {what} failed (exit {proc.returncode}):\n"
+                     f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
