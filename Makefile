@@ -71,8 +71,8 @@ bazel: $(STAMP)
 wheel: $(STAMP)
 	MAX_JOBS=$(MAX_JOBS) $(PIP) wheel --no-build-isolation --no-deps -w dist .
 
-# Two xdist workers; the subprocess-heavy tests run in one group, on one
-# worker (tests/conftest.py). --durations prints the slowest tests.
+# Two xdist workers; two groups of subprocess-heavy tests, each on one
+# worker at a time (tests/conftest.py). --durations prints the slowest tests.
 TEST_WORKERS ?= 2
 test: build
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 tests
