@@ -41,7 +41,7 @@ def test_subprocess_groups_keep_each_group_on_one_worker(tmp_path):
     the two files on different workers."""
     hook = open(conftest.__file__).read()
     start = hook.index("def subprocess_group")
-    text = ("import os\n" + hook[start:]
+    text = ("import os\nimport pytest\n" + hook[start:]
             .replace('LARGE_GRAPHS', '{"test_a.py"}').replace('SMALL_GRAPHS', '{"test_b.py"}'))
     ran = _run_xdist(tmp_path, text)
     workers = {f: {w for w, n in ran if n.startswith(f)} for f in ("test_a.py", "test_b.py")}
