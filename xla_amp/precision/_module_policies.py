@@ -160,7 +160,8 @@ class _RuledForward:
                 return
             node = node.previous
         # Wrapped since by something else: it still calls this; pass through.
-        self.target, self.regions, self.fallback = None, {}, None
+        self.target = None
+        self._build_regions()
 
     def __getstate__(self):  # regions hold the engine's tables: rebuilt on load
         return {k: v for k, v in self.__dict__.items() if k not in ("regions", "fallback")}

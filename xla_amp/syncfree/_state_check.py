@@ -66,7 +66,7 @@ def _exported(opt, st: dict) -> dict:
     return opt._export_state(dict(st), host)
 
 
-def kept_state(opt, group: dict, p: torch.Tensor, saved: dict | None = None):
+def kept_state(opt, group: dict, p: torch.Tensor, saved: dict):
     """(keeps, filled): what ``opt`` keeps for a parameter like ``p`` between
     steps, state-dict form, meta tensors; and `saved` (meta) with what the
     next step would add to it (``written``: the keys that step assigns)."""
@@ -74,7 +74,7 @@ def kept_state(opt, group: dict, p: torch.Tensor, saved: dict | None = None):
     keeps: dict = {}
     _low_precision.create_state(opt, group, meta, keeps)
     _low_precision.between_steps(opt, group, meta, keeps)
-    filled = _Written({k: _meta(v) for k, v in (saved or {}).items()})
+    filled = _Written({k: _meta(v) for k, v in saved.items()})
     _low_precision.create_state(opt, group, meta, filled)
     return _exported(opt, keeps), filled
 
@@ -119,7 +119,8 @@ def _merged_groups(opt, saved_groups: list[dict]) -> list[dict]:
 
 def check(opt, state_dict, name: str) -> tuple[list[dict], dict[Any, tuple]]:
     """Raises ``ValueError`` unless `state_dict` can be loaded into `opt`;
-    returns the merged param groups and saved id -> (group, index, param)."""
+    returns the merged param groups and, per saved id with state,
+    (parameter, what the optimizer keeps for it) for :func:`converted`."""
     if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= set(state_dict):
         got = sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__
         raise ValueError(f"{name}: expected a dict with 'state' and 'param_groups', got {got}")
@@ -135,6 +136,7 @@ def check(opt, state_dict, name: str) -> tuple[list[dict], dict[Any, tuple]]:
         for pi, (idx, p) in enumerate(zip(saved["params"], ours["params"])):
             where[idx] = (gi, pi, p)
     merged = _merged_groups(opt, groups)
+    kept = {}
     for idx, saved in state_dict["state"].items():
         if idx not in where:
             raise ValueError(f"{name}: state for parameter id {idx!r}, which no param "
@@ -143,12 +145,14 @@ def check(opt, state_dict, name: str) -> tuple[list[dict], dict[Any, tuple]]:
             raise ValueError(f"{name}: state for parameter id {idx!r} is a "
                              f"{type(saved).__name__}, expected a dict")
         gi, pi, p = where[idx]
-        _check_entry(opt, merged[gi], p, _present(saved), f"{name}: state",
-                     _where(gi, pi))
-    return merged, where
+        keeps = _check_entry(opt, merged[gi], p, _present(saved), f"{name}: state",
+                             _where(gi, pi))
+        kept[idx] = (p, keeps)
+    return merged, kept
 
 
-def _check_entry(opt, group, p, saved: dict, head: str, at: str) -> None:
+def _check_entry(opt, group, p, saved: dict, head: str, at: str) -> dict:
+    """What `opt` keeps for `p`, once `saved` (None entries dropped) passed."""
     keeps, filled = kept_state(opt, group, p, saved)
     for key in saved:
         if key not in keeps:
@@ -167,12 +171,13 @@ def _check_entry(opt, group, p, saved: dict, head: str, at: str) -> None:
         bad = _bad_value(v, keeps[key])
         if bad:
             raise ValueError(f"{head} '{key}' of {at}: {bad}; nothing was loaded")
+    return keeps
 
 
-def converted(opt, group: dict, p: torch.Tensor, saved: dict) -> dict:
-    """A checked entry as this optimizer keeps it: each value in its kept
-    dtype, on `p`'s device ("step" on the host, as torch.optim keeps it)."""
-    keeps, _ = kept_state(opt, group, p)
+def converted(keeps: dict, p: torch.Tensor, saved: dict) -> dict:
+    """A checked entry as the optimizer keeps it (`keeps`, from :func:`check`):
+    each value in its kept dtype, on `p`'s device ("step" on the host, as
+    torch.optim keeps it)."""
     out = {}
     for key, v in _present(saved).items():
         t = keeps[key]

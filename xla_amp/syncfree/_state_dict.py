@@ -54,13 +54,14 @@ class TorchOptimStateDict:
         the parameters' device (``docs/precision_modes.md``: which dicts
         convert between the low-precision options)."""
         name = f"{type(self).__name__}.load_state_dict"
-        merged, where = _state_check.check(self, state_dict, name)
-        super().load_state_dict(state_dict)
+        merged, kept = _state_check.check(self, state_dict, name)
+        # torch.optim loads the groups; the state comes from the checked
+        # entries, each tensor copied once, in the dtype this optimizer keeps
+        super().load_state_dict({**state_dict, "state": {}})
         for group, want in zip(self.param_groups, merged):
             group.update(want)  # (with the keys an older dict lacks)
-        for idx, saved in state_dict["state"].items():
-            gi, pi, p = where[idx]
-            self.state[p] = _state_check.converted(self, self.param_groups[gi], p, saved)
+        for idx, (p, keeps) in kept.items():
+            self.state[p] = _state_check.converted(keeps, p, state_dict["state"][idx])
         self._lineage.clear()
         self._loaded_lineages: dict[Any, int] = {}  # loaded counter value -> lineage
         for p, st in list(self.state.items()):
