@@ -70,7 +70,7 @@ def test_no_import_cycles():
 def test_top_level_is_small_and_folders_hold_concepts():
     top = sorted(p.name for p in PKG.glob("*.py"))
     assert len(top) <= 10, top
-    for concept in ("autocast", "policies", "precision", "scaler", "syncfree", "numerics"):
+    for concept in ("autocast", "policies", "precision", "scaler", "syncfree", "numerics", "gpu"):
         assert (PKG / concept / "__init__.py").is_file(), concept
 
 
@@ -87,7 +87,7 @@ def test_no_file_over_400_lines():
 PUBLIC = ["autocast", "set_default_policy", "custom_fwd", "custom_bwd", "policies", "Policy",
           "CATEGORIES", "GradScaler", "syncfree", "all_reduce_gradients", "optimizer_step",
           "module_policies", "ModulePolicyHandle", "cast_module", "PrecisionReport", "explain",
-          "watch_nonfinite", "NonfiniteWatch", "compare", "ComparisonReport"]
+          "watch_nonfinite", "NonfiniteWatch", "compare", "ComparisonReport", "gpu"]
 
 
 @pytest.mark.parametrize("path,names", [
@@ -99,6 +99,7 @@ PUBLIC = ["autocast", "set_default_policy", "custom_fwd", "custom_bwd", "policie
     ("xla_amp.scaler", ["GradScaler", "OptState"]),
     ("xla_amp.numerics", ["explain", "watch_nonfinite", "compare", "PrecisionReport"]),
     ("xla_amp.distributed", ["all_reduce_gradients", "optimizer_step"]),
+    ("xla_amp.gpu", ["use_cuda_plugin", "CudaPluginError", "CudaSetup"]),
 ])
 def test_public_names_and_paths(path, names):
     module = importlib.import_module(path)

@@ -10,7 +10,7 @@ import conftest
 
 def _run_xdist(tmp_path, conftest_text=""):
     (tmp_path / "conftest.py").write_text(conftest_text)
-    for name in ("test_a.py", "test_b.py"):
+    for name in ("test_a.py", "test_b.py", "test_c.py"):
         (tmp_path / name).write_text(
             "import os, pytest\n"
             "@pytest.mark.xdist_group('one')\n"
@@ -30,23 +30,29 @@ def test_pinned_xdist_loadgroup_ignores_groups_on_this_pytest(tmp_path):
     spreads one group's tests over both workers and no id carries '@one'.
     When this fails, xdist is fixed: our scheduler can go."""
     ran = _run_xdist(tmp_path)
-    assert len(ran) == 8
+    assert len(ran) == 12
     assert not any("@one" in nodeid for _, nodeid in ran)
     assert len({worker for worker, _ in ran}) == 2
 
 
-def test_subprocess_groups_keep_each_group_on_one_worker(tmp_path):
+def test_units_keep_each_file_on_one_worker_and_groups_go_first(tmp_path):
     """Our scheduler (the hook of tests/conftest.py) on the same layout, with
-    the group taken from the file name: each file's tests on one worker,
-    the two files on different workers."""
+    the groups taken from the file names (test_a large, test_b small,
+    test_c in-process): each file's tests on one worker, the two groups on
+    different workers, and each worker starts with a group."""
     hook = open(conftest.__file__).read()
     start = hook.index("def subprocess_group")
-    text = ("import os\nimport pytest\n" + hook[start:]
-            .replace('LARGE_GRAPHS', '{"test_a.py"}').replace('SMALL_GRAPHS', '{"test_b.py"}'))
+    text = ("import os\nimport pytest\nGROUP_ORDER = ('large-graphs', 'small-graphs')\n"
+            + hook[start:].replace('LARGE_GRAPHS', '{"test_a.py"}')
+            .replace('SMALL_GRAPHS', '{"test_b.py"}'))
     ran = _run_xdist(tmp_path, text)
-    workers = {f: {w for w, n in ran if n.startswith(f)} for f in ("test_a.py", "test_b.py")}
+    assert len(ran) == 12
+    workers = {f: {w for w, n in ran if n.startswith(f)}
+               for f in ("test_a.py", "test_b.py", "test_c.py")}
     assert all(len(w) == 1 for w in workers.values()), ran
     assert workers["test_a.py"] != workers["test_b.py"], ran
+    first = {w: n for w, n in reversed(ran)}  # each worker's first test
+    assert sorted(n.split("::")[0] for n in first.values()) == ["test_a.py", "test_b.py"], ran
 
 
 def test_groups():

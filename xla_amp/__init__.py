@@ -13,6 +13,7 @@ The package, one concept per folder (docs/engine.md has the map):
     scaler/     GradScaler
     syncfree/   SGD / Adam / AdamW that skip on the device; bf16 weights
     numerics/   explain, watch_nonfinite, compare
+    gpu/        XLA:GPU through JAX's CUDA PJRT plugin (use_cuda_plugin)
     distributed.py   all-reduce with scaling
     _engine.py  the one door to the native engine (xla_amp._C)
 """
@@ -32,14 +33,16 @@ from xla_amp.scaler import GradScaler
 from xla_amp import syncfree
 from xla_amp.distributed import all_reduce_gradients, optimizer_step
 from xla_amp.policies import CATEGORIES, Policy
+from xla_amp import gpu
 
 _env_overrides.load_from_environment()
 _engine.install()
 _dynamo.install()
+gpu.from_environment()  # XLA_AMP_CUDA_PLUGIN=1: before any tensor exists
 
 __all__ = ["autocast", "set_default_policy", "custom_fwd", "custom_bwd", "policies", "Policy",
            "CATEGORIES", "GradScaler", "syncfree", "all_reduce_gradients", "optimizer_step",
            "module_policies", "ModulePolicyHandle", "cast_module",
            "PrecisionReport", "explain", "watch_nonfinite", "NonfiniteWatch",
-           "compare", "ComparisonReport"]
+           "compare", "ComparisonReport", "gpu"]
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
-"""Device set-up: one XLA device, or an SPMD data-parallel mesh."""
+"""Device set-up: one XLA device, or an SPMD mesh (data parallel, or the one
+logical device of XLA:GPU through the CUDA plugin)."""
 from __future__ import annotations
 
 import dataclasses
@@ -20,24 +21,32 @@ class Devices:
         return t
 
 
-def setup_devices(num_devices: int) -> Devices:
-    """Start the XLA runtime; for ``num_devices > 1`` in SPMD mode over a
-    one-axis ("data") mesh. Must run before anything touches a device."""
-    if num_devices > 1:
-        pjrt = os.environ.get("PJRT_DEVICE", "CPU")
-        if pjrt.upper() == "CPU":
-            have = os.environ.get("CPU_NUM_DEVICES")
-            if have is not None and have != str(num_devices):
-                raise SystemExit(f"error: --num_devices={num_devices} but the environment "
-                                 f"sets CPU_NUM_DEVICES={have}; unset it or make them agree.")
-            os.environ["CPU_NUM_DEVICES"] = str(num_devices)
-            os.environ.setdefault("PJRT_DEVICE", "CPU")
+def setup_devices(num_devices: int, device: str = "auto", spmd: bool = False) -> Devices:
+    """Start the XLA runtime. ``device="gpu"``: XLA:GPU through
+    xla_amp.gpu.use_cuda_plugin (SPMD mode). In SPMD mode (``spmd``, the
+    GPU, or ``num_devices > 1``) the batch is sharded over a one-axis
+    ("data") mesh of ``num_devices``. Must run before anything touches a
+    device."""
+    if device == "gpu":
+        import xla_amp.gpu
+        try:
+            xla_amp.gpu.use_cuda_plugin()
+        except xla_amp.gpu.CudaPluginError as e:
+            raise SystemExit(f"error: --device gpu: {e}") from None
+        spmd = True
+    elif num_devices > 1 and os.environ.get("PJRT_DEVICE", "CPU").upper() == "CPU":
+        have = os.environ.get("CPU_NUM_DEVICES")
+        if have is not None and have != str(num_devices):
+            raise SystemExit(f"error: --num_devices={num_devices} but the environment "
+                             f"sets CPU_NUM_DEVICES={have}; unset it or make them agree.")
+        os.environ["CPU_NUM_DEVICES"] = str(num_devices)
+        os.environ.setdefault("PJRT_DEVICE", "CPU")
     import numpy as np
     import torch_xla
     import torch_xla.core.xla_model as xm
     import torch_xla.runtime as xr
 
-    if num_devices == 1:
+    if num_devices == 1 and not spmd:
         dev = torch_xla.device()
         return Devices(dev, None, 1, xm.xla_device_hw(dev))
     xr.use_spmd()

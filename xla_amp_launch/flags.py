@@ -68,6 +68,12 @@ def define_flags(*, batch_size: int, num_epochs: int, lr: float, optimizer: str 
     flags.DEFINE_integer("num_devices", 1, "Devices to train on, data parallel with SPMD "
                          "(the batch is sharded; the compiler inserts the gradient "
                          "reductions). On XLA:CPU sets CPU_NUM_DEVICES.", lower_bound=1)
+    flags.DEFINE_enum("device", "auto", ["auto", "gpu"], "auto: the device PJRT_DEVICE "
+                      "selects (XLA:CPU when unset); gpu: NVIDIA GPUs through JAX's CUDA "
+                      "PJRT plugin (xla_amp.gpu.use_cuda_plugin; SPMD mode, cuda rules; "
+                      "docs/gpu.md).")
+    flags.DEFINE_bool("spmd", False, "Run in SPMD mode even on one device, as --device gpu "
+                      "does (the batch is sharded over a mesh of --num_devices).")
     flags.DEFINE_string("checkpoint", None, "Save a checkpoint to this file at the end of "
                         "each epoch, every --checkpoint_steps steps, and at the end.")
     flags.DEFINE_integer("checkpoint_steps", 0, "Also checkpoint every this many steps "

@@ -1,0 +1,31 @@
+"""XLA:GPU again: NVIDIA GPUs through JAX's CUDA PJRT plugin.
+
+torch_xla 2.9 removed its own XLA:CUDA client and aborts on CUDA devices;
+it still loads PJRT C-API plugins. ``use_cuda_plugin()`` registers JAX's
+(``jax-cuda12-pjrt``, the version whose C API matches), checks what the
+plugin needs, and turns SPMD mode on, where torch_xla accepts the device::
+
+    import xla_amp.gpu
+    xla_amp.gpu.use_cuda_plugin()        # before the first XLA tensor
+    device = torch_xla.device()          # SPMD:0; xla_device_hw: "CUDA"
+    with xla_amp.autocast(device): ...   # the cuda rules, float16
+
+or, with no code change: ``XLA_AMP_CUDA_PLUGIN=1`` and ``import xla_amp``.
+Install: ``pip install 'xla_amp[gpu]'``. docs/gpu.md has the details.
+"""
+import os
+
+from xla_amp.gpu._plugin import CudaPlugin, CudaPluginError, CudaSetup, setup, use_cuda_plugin
+
+ENV = "XLA_AMP_CUDA_PLUGIN"
+
+__all__ = ["use_cuda_plugin", "CudaPluginError", "CudaSetup", "CudaPlugin", "setup", "ENV"]
+
+
+def from_environment() -> CudaSetup | None:
+    """``use_cuda_plugin()`` when XLA_AMP_CUDA_PLUGIN=1 (xla_amp's import
+    calls this); anything but unset, 0 or 1 is an error."""
+    value = os.environ.get(ENV, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{ENV}={value!r}: use 1 (XLA:GPU through the CUDA plugin) or 0")
+    return use_cuda_plugin() if value == "1" else None
