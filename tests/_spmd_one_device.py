@@ -1,7 +1,11 @@
 """Run by tests/test_gpu_spmd_mode.py in a subprocess: xla_amp in SPMD mode
 on one logical device, as XLA:GPU through the CUDA plugin runs (there the
 device is SPMD:0 over CUDA:0). Stand-in: XLA:CPU in SPMD mode with the cuda
-policy forced. Prints one JSON object with what it measured."""
+policy forced. Prints one JSON object with what it measured.
+
+    python tests/_spmd_one_device.py float16|bfloat16 spmd|plain
+
+``plain``: the same without SPMD mode, for the comparison."""
 import json
 import os
 import sys
@@ -17,7 +21,11 @@ import torch_xla.core.xla_model as xm  # noqa: E402
 import torch_xla.debug.metrics as met  # noqa: E402
 import torch_xla.runtime as xr  # noqa: E402
 
-xr.use_spmd()
+if sys.argv[2] == "spmd":
+    xr.use_spmd()
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))
+import _harness as harness  # noqa: E402
 import xla_amp  # noqa: E402
 from xla_amp import syncfree  # noqa: E402
 
@@ -31,11 +39,17 @@ except Exception as e:  # what torch_xla says on SPMD:0
     out["kind"] = f"{type(e).__name__}: {e}"
 
 
-def counts():
+def clear():  # once earlier executions have landed (they count when they finish)
     xm.wait_device_ops()
-    get = lambda n: (met.metric_data(n) or [0])[0]  # noqa: E731
-    return {"executions": get("ExecuteTime") + get("ExecuteReplicatedTime"),
-            "transfers": get("TransferFromDeviceTime"), "compilations": get("CompileTime")}
+    met.clear_all()
+
+
+def counts():
+    """Executions (SPMD records them as ExecuteReplicatedTime), transfers,
+    compilations: the benchmarks' counter, which must see SPMD's too."""
+    got = harness.counts()
+    return {"executions": got["ExecuteTime"], "transfers": got["TransferFromDeviceTime"],
+            "compilations": got["CompileTime"]}
 
 
 class Net(nn.Module):
@@ -79,14 +93,14 @@ bad = x.clone()
 bad[0, 0] = float("inf")
 for inputs in (x, x, bad):  # warm-up: the graphs of a finite and an overflow step
     step(inputs)
-met.clear_all()
+clear()
 losses = [step(x) for _ in range(3)]
 out["steps"] = counts()
-out["losses"] = [float(v) for v in torch.stack(losses).cpu()]
+out["losses"] = torch.stack(losses).detach().cpu().tolist()
 
 before = {k: v.cpu().clone() for k, v in model.state_dict().items()}
 scale = scaler.get_scale()
-met.clear_all()
+clear()
 step(bad)
 out["overflow_step"] = counts()
 out["skipped_unchanged"] = all(torch.equal(v.cpu(), before[k])

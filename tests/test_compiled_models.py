@@ -21,7 +21,7 @@ BENCHMARKS = os.path.join(os.path.dirname(HERE), "benchmarks")  # zoo.py's model
 # The MNIST CNN with BatchNorm, torchvision's ResNet-18 on 32x32 images, a
 # transformer encoder layer (attention, LayerNorm) over 16 tokens.
 MODELS = ["mnist_cnn", "resnet18", "transformer_layer"]
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+from helpers_launch import FAST_COMPILE  # noqa: E402
 
 
 @pytest.mark.parametrize("policy", ["tpu", "cpu"])

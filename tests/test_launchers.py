@@ -11,36 +11,11 @@ import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = os.path.join(ROOT, "scripts")
 
 from helpers import assert_same  # noqa: E402
+from helpers_launch import MNIST_TINY, SCRIPTS, launch, summary  # noqa: E402
 from xla_amp_launch import data, image_folder  # noqa: E402
 from xla_amp_launch import digits as mnist_data  # noqa: E402
-
-
-# As the zoo's and the compiled models' subprocesses: XLA's backend
-# optimisation off (the same graphs and dtypes; LLVM spends about a third of
-# the time). Runs compared with each other (resume) compile alike.
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-
-
-def launch(script, *args, timeout=400):
-    env = dict(os.environ, PJRT_DEVICE="CPU", XLA_FLAGS=FAST_COMPILE)
-    env.pop("CPU_NUM_DEVICES", None)
-    env.pop("XLA_USE_BF16", None)
-    return subprocess.run([sys.executable, os.path.join(SCRIPTS, script), "--noprogress",
-                           *map(str, args)], capture_output=True, text=True, env=env,
-                          timeout=timeout, cwd=ROOT)
-
-
-def summary(proc, key):
-    m = re.search(rf"^{key}\s+(.*)$", proc.stdout, re.M)
-    assert m, f"no '{key}' line in the summary:\n{proc.stdout}\n{proc.stderr[-3000:]}"
-    return m.group(1)
-
-
-MNIST_TINY = ["--batch_size", 32, "--num_epochs", 2, "--eval_batch_size", 120,
-              "--log_steps", 4]
 
 
 def test_mnist_resume_equals_uninterrupted_run(tmp_path):

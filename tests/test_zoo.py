@@ -16,6 +16,7 @@ The subprocesses compile with XLA's backend optimisation off: the graphs and
 their numerics policy are the same, LLVM just spends a third of the time
 (DenseNet-121's step takes minutes to compile otherwise on 2 cores).
 """
+import functools
 import json
 import math
 import os
@@ -25,7 +26,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+from helpers_launch import FAST_COMPILE  # noqa: E402
 BF16 = ["tpu", "cuda", "cpu"]
 FULL = ["resnet18", "resnet50", "mobilenet_v3_small", "efficientnet_b0", "convnext_tiny",
         "densenet121", "regnet_y_400mf", "shufflenet_v2_x0_5", "vit_b_16", "transformer_layer"]
@@ -87,9 +88,22 @@ def _check(model, timeout=1500, one_process_each=False):
     assert_trains_like_fp32(rows, BF16)
 
 
+@functools.lru_cache(maxsize=None)
+def _resnet18_rows():
+    """ResNet-18 under every bf16 policy and the cuda rules' default float16,
+    from one process: the two tests below share its fp32 run and its
+    compilations. A small initial scale, so that fp16's two steps do not
+    both overflow (the bf16 variants' first-step losses, which the check
+    compares, do not depend on the scale)."""
+    return sweep("resnet18", ["fp32", *BF16, "cuda:float16"], "--init_scale", "256")
+
+
 @pytest.mark.parametrize("model", SUBSET)
 def test_model_trains_under_every_policy(model):
-    _check(model)
+    if model == "resnet18":
+        assert_trains_like_fp32(_resnet18_rows(), BF16)
+    else:
+        _check(model)
 
 
 @pytest.mark.zoo
@@ -113,6 +127,6 @@ def test_zoo_large_graph_model_trains_under_every_policy(model):
 def test_resnet18_cuda_rules_default_float16():
     """XLA:GPU's default: the cuda rules in float16, with GradScaler (a
     small initial scale so that the two steps do not both overflow)."""
-    rows = sweep("resnet18", ["fp32", "cuda:float16"], "--init_scale", "256")
+    rows = _resnet18_rows()
     assert_trains_like_fp32(rows, ["cuda:float16"])
     assert rows["cuda:float16"]["scale"] == 256.0  # neither step overflowed

@@ -56,10 +56,8 @@ class FakeSource:
                  devices: Devices, seed: int):
         import torch
         g = torch.Generator().manual_seed(seed)
-        self.x = devices.shard(torch.randn((batch_size,) + tuple(shape), generator=g)
-                               .to(devices.device))
-        self.y = devices.shard(torch.randint(0, num_classes, (batch_size,), generator=g)
-                               .to(devices.device))
+        self.x = devices.put(torch.randn((batch_size,) + tuple(shape), generator=g))
+        self.y = devices.put(torch.randint(0, num_classes, (batch_size,), generator=g))
         self.steps_per_epoch = steps_per_epoch
         self.num_samples = steps_per_epoch * batch_size
         self.batch_size = batch_size

@@ -13,12 +13,16 @@ class Devices:
     count: int = 1
     hw: str = "?"
 
-    def shard(self, t):
-        """Shard a batch tensor along its first dimension over the mesh."""
-        if self.mesh is not None:
-            import torch_xla.distributed.spmd as xs
-            xs.mark_sharding(t, self.mesh, ("data",) + (None,) * (t.dim() - 1))
-        return t
+    def put(self, t):
+        """A CPU batch tensor on the device; in SPMD mode sharded along its
+        first dimension over the mesh as it is copied (each device is sent
+        its own rows)."""
+        if self.mesh is None:
+            return t.to(self.device)
+        import torch_xla.core.xla_model as xm
+        import torch_xla.distributed.spmd as xs
+        spec = xs.ShardingSpec(self.mesh, ("data",) + (None,) * (t.dim() - 1))
+        return xm.send_cpu_data_to_device([t], self.device, spec)[0]
 
 
 def setup_devices(num_devices: int, device: str = "auto", spmd: bool = False) -> Devices:

@@ -288,7 +288,7 @@ def train_epoch(run: Run, epoch: int) -> None:
     step = start - 1
     for step, (x, y) in enumerate(run.task.train.batches(epoch, start), start=start):
         if x.device.type == "cpu":
-            x, y = run.devices.shard(x.to(dev)), run.devices.shard(y.to(dev))
+            x, y = run.devices.put(x), run.devices.put(y)
         if FLAGS.precision_report and run.steps_run == 0:
             reports.precision_report(run, x)
         train_step(run, x, y)
@@ -348,7 +348,7 @@ def evaluate(run: Run) -> Optional[float]:
     correct = torch.zeros((), dtype=torch.long).to(dev)
     with torch.no_grad():
         for xb, yb, mask in run.task.evaluate():
-            xb, yb, mask = (run.devices.shard(t.to(dev)) for t in (xb, yb, mask))
+            xb, yb, mask = (run.devices.put(t) for t in (xb, yb, mask))
             with xla_amp.autocast(dev, **run.autocast_kw):
                 pred = run.model(xb).argmax(dim=1)
             correct = correct + ((pred == yb) & mask).sum()
