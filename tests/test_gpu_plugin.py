@@ -232,3 +232,13 @@ def test_environment_switch():
         assert proc.returncode != 0 and problems[0] in proc.stderr, proc.stderr[-3000:]
     else:
         assert proc.returncode == 0 and proc.stdout.strip() == "CUDA", proc.stderr[-3000:]
+
+
+def test_gpu_extra_pins_what_the_checks_want():
+    """`pip install 'xla_amp[gpu]'` installs the versions find() accepts."""
+    import tomllib
+    with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "pyproject.toml"),
+              "rb") as f:
+        extra = tomllib.load(f)["project"]["optional-dependencies"]["gpu"]
+    pins = req.pins()
+    assert extra == [f"{req.PLUGIN}=={pins['plugin_version']}", f"{req.NVCC}=={pins['nvcc']}"]
