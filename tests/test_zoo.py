@@ -12,9 +12,10 @@ The first step's loss is compared with fp32's within 1 %, or within 3x the devia
 PyTorch's own eager bf16 autocast shows on the same model and batch where
 that is larger (see `tolerance`; docs/policies.md has the figures).
 
-The subprocesses compile with XLA's backend optimisation off: the graphs and
-their numerics policy are the same, LLVM just spends a third of the time
-(DenseNet-121's step takes minutes to compile otherwise on 2 cores).
+The subprocesses compile with XLA's backend optimisation off and XLA:CPU's
+elemental emitters (tests/helpers_launch.py, FAST_COMPILE): the graphs and
+their numerics policy are the same, compilation takes a fraction of the
+time (DenseNet-121's step takes minutes to compile otherwise on 2 cores).
 """
 import functools
 import json
