@@ -219,12 +219,20 @@ print(json.dumps(out))
     assert "already started on CPU" in errors[4]
 
 
+def test_environment_switch_refuses_other_values(monkeypatch):
+    """Refused before anything is looked at (so here, in a process whose
+    runtime has started, the error is about the value)."""
+    import xla_amp.gpu
+    monkeypatch.setenv("XLA_AMP_CUDA_PLUGIN", "2")
+    with pytest.raises(ValueError, match="XLA_AMP_CUDA_PLUGIN='2': use 1"):
+        xla_amp.gpu.from_environment()
+    monkeypatch.setenv("XLA_AMP_CUDA_PLUGIN", "0")
+    assert xla_amp.gpu.from_environment() is None
+
+
 def test_environment_switch():
     """XLA_AMP_CUDA_PLUGIN=1: importing xla_amp sets the plugin up, or says
-    why it cannot (this machine: no plugin, no driver); another value is
-    refused."""
-    proc = _python("import xla_amp", env={"XLA_AMP_CUDA_PLUGIN": "2", "PJRT_DEVICE": ""})
-    assert proc.returncode != 0 and "XLA_AMP_CUDA_PLUGIN='2': use 1" in proc.stderr
+    why it cannot (this machine: no plugin, no driver)."""
     proc = _python("import xla_amp, os; print(os.environ['PJRT_DEVICE'])",
                    env={"XLA_AMP_CUDA_PLUGIN": "1", "PJRT_DEVICE": ""})
     problems = req.find().problems

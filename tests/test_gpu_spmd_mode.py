@@ -18,17 +18,16 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run(dtype, mode):
+def run(mode):
     env = dict(os.environ, PJRT_DEVICE="CPU")
     env.pop("CPU_NUM_DEVICES", None)
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "_spmd_one_device.py"),
-                           dtype, mode], capture_output=True, text=True, env=env, timeout=300)
+                           mode], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.splitlines()[-1])
 
 
 def check_spmd_run(out, dtype):
-    assert out["devices"] == 1 and out["hw"] == "CPU"  # with the plugin: "CUDA"
     assert out["linear"] == [f"torch.{dtype}", True]   # bit-equal with the manual cast
     assert out["layer_norm"] == "torch.float32"
     assert out["steps"] == {"executions": 3, "transfers": 0, "compilations": 0}
@@ -39,23 +38,19 @@ def check_spmd_run(out, dtype):
     assert out["report_ops"] == ["aten::layer_norm", "aten::linear", "aten::relu"]
     assert out["compare_modules"] == ["", "fc1", "fc2", "norm"]
     assert out["compiled"] == [f"torch.{dtype}", True] and out["restored"] is True
+
+
+def test_spmd_mode_matches_plain_mode():
+    """float16 (the cuda rules' default) and bfloat16: SPMD mode gives the
+    plain run's results bit for bit (the losses too)."""
+    spmd, plain = run("spmd"), run("plain")
+    assert spmd["devices"] == 1 and spmd["hw"] == "CPU"  # with the plugin: "CUDA"
+    for dtype in ("float16", "bfloat16"):
+        check_spmd_run(spmd[dtype], dtype)
     # the one thing SPMD:0 cannot answer (pinned: upstream torch_xla 2.9);
     # nothing in xla_amp or its launchers asks it
-    assert "Unknown device SPMD:0" in out["kind"]
-
-
-def test_float16_spmd_mode_matches_plain_mode():
-    """The cuda rules' default dtype: SPMD mode gives the plain run's
-    results bit for bit (the losses too)."""
-    spmd, plain = run("float16", "spmd"), run("float16", "plain")
-    check_spmd_run(spmd, "float16")
-    assert plain.pop("kind") == "ok"
-    spmd.pop("kind")
+    assert "Unknown device SPMD:0" in spmd.pop("kind") and plain.pop("kind") == "ok"
     assert spmd == plain
-
-
-def test_bfloat16_spmd_mode():
-    check_spmd_run(run("bfloat16", "spmd"), "bfloat16")
 
 
 def test_no_launcher_or_library_code_asks_the_device_kind():

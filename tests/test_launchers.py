@@ -188,7 +188,9 @@ def test_mnist_trains_under_every_policy(policy):
     if policy == "tpu":
         args = [*MNIST_PTXLA, "--precision", "bf16_master", "--module_policy", "fc2=fp32"]
     else:
-        args = [*MNIST_TINY, "--max_steps", 3]
+        # 3 steps and 3 evaluation batches of 32 (--num_steps): float16
+        # convolutions are slow on XLA:CPU
+        args = [*MNIST_TINY, "--max_steps", 3, "--num_steps", 3, "--eval_batch_size", 32]
     proc = launch("train_mnist_amp.py", *args, "--policy", policy)
     assert proc.returncode == 0, proc.stderr[-3000:]
     dtype = "float16" if policy == "cuda" else "bfloat16"

@@ -1,7 +1,9 @@
 """The launchers' common command-line flags (absl), with per-launcher defaults."""
 from __future__ import annotations
 
+import importlib.util
 import os
+import runpy
 from typing import Optional
 
 from absl import flags
@@ -21,15 +23,12 @@ def define_flags(*, batch_size: int, num_epochs: int, lr: float, optimizer: str 
     """Define the launchers' common flags, with per-launcher defaults, and
     PyTorch/XLA's launcher flags (test/args_parse.py and its AMP launchers)
     as the same flags or aliases (docs/launchers.md has the table)."""
-    # Policy names come from xla_amp; importing it does not start the runtime.
-    from xla_amp import policies
-
     flags.DEFINE_bool("amp", True, "Train with automatic mixed precision "
                       "(xla_amp.autocast + xla_amp.GradScaler); --noamp trains in fp32.")
     flags.DEFINE_enum("dtype", None, sorted(DTYPES),
                       "Lower-precision dtype under autocast (default: the policy's, "
                       "bfloat16 on TPU and CPU, float16 on GPU).")
-    flags.DEFINE_enum("policy", None, sorted(policies.names()),
+    flags.DEFINE_enum("policy", None, policy_names(),
                       "Autocast policy (op lists) to apply (default: the device's).")
     flags.DEFINE_bool("compile", False, "Compile the forward pass and the loss with "
                       "torch.compile(backend='openxla'); the backward, GradScaler and "
@@ -149,13 +148,22 @@ def resolve_precision() -> str:
     return FLAGS.precision or ("amp" if FLAGS.amp else "fp32")
 
 
+def policy_names() -> list[str]:
+    """xla_amp's built-in policy names, read without importing xla_amp
+    (torch and torch_xla take ~5 s to import: the flags are defined and
+    checked before that, so a usage error or --help comes back at once)."""
+    spec = importlib.util.find_spec("xla_amp")  # (finds the package, runs nothing)
+    path = os.path.join(spec.submodule_search_locations[0], "policies", "_builtin.py")
+    return runpy.run_path(path)["builtin_names"]()
+
+
 def _module_policy_ok(text) -> bool:
-    from xla_amp import policies
     try:
         rules = parse_module_policy(text)
     except ValueError:
         return False
-    return all(v == "fp32" or v in policies.names() for v in rules.values())
+    names = policy_names()
+    return all(v == "fp32" or v in names for v in rules.values())
 
 
 def apply_test_run_flags(task):

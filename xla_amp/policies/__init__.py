@@ -15,13 +15,12 @@ applied to every built-in policy as it loads.
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 from xla_amp.policies._policy import (  # noqa: F401  (the policy concept, one package)
     ADAPTATIONS, CATEGORIES, Policy, adaptation_reason, check_op_fits, load, load_adaptations,
     xla_adaptations)
 
-_DIR = Path(__file__).parent
+from xla_amp.policies._builtin import DIR as _DIR, builtin_names  # noqa: E402
 
 # torch_xla.core.xla_model.xla_device_hw(device) -> policy name
 HARDWARE_POLICY = {"TPU": "tpu", "NEURON": "tpu", "CUDA": "cuda", "CPU": "cpu"}
@@ -29,10 +28,6 @@ HARDWARE_POLICY = {"TPU": "tpu", "NEURON": "tpu", "CUDA": "cuda", "CPU": "cpu"}
 _lock = threading.Lock()
 _registry: dict[str, Policy] = {}
 _generation = 0  # bumped by register(): what a name resolves to may have changed
-
-
-def builtin_names() -> list[str]:
-    return sorted(p.stem for p in _DIR.glob("*.toml") if not p.stem.startswith("_"))
 
 
 def names() -> list[str]:
