@@ -17,10 +17,10 @@ SCRIPTS = os.path.join(ROOT, "scripts")
 # (resume) compile alike.
 BACKEND_O0 = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 FAST_COMPILE = BACKEND_O0 + " --xla_cpu_use_fusion_emitters=false"
-# Lazy against compiled, bit for bit (tests/test_compiled_models.py): the two
-# graphs differ in structure, and with the elemental emitters one of the
-# transformer layer's 15 gradients differed in its last bits; with the
-# fusion emitters (XLA:CPU's default) all are equal.
+# Lazy against compiled, bit for bit, for a transformer layer
+# (tests/test_compiled_models.py): the two graphs differ in structure, and
+# with the elemental emitters one of its 15 gradients differed in its last
+# bits; with the fusion emitters (XLA:CPU's default) all are equal.
 BITWISE_COMPILE = BACKEND_O0
 
 MNIST_TINY = ["--batch_size", 32, "--num_epochs", 2, "--eval_batch_size", 120,

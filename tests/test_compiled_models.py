@@ -21,13 +21,22 @@ BENCHMARKS = os.path.join(os.path.dirname(HERE), "benchmarks")  # zoo.py's model
 # The MNIST CNN with BatchNorm, torchvision's ResNet-18 on 32x32 images, a
 # transformer encoder layer (attention, LayerNorm) over 16 tokens.
 MODELS = ["mnist_cnn", "resnet18", "transformer_layer"]
-from helpers_launch import BITWISE_COMPILE  # noqa: E402
+from helpers_launch import BITWISE_COMPILE, FAST_COMPILE  # noqa: E402
+
+# XLA flags per model. The CNNs' lazy and compiled graphs come out bit-equal
+# with XLA:CPU's elemental emitters too (half the compile time). The
+# transformer layer's do not: one of its 15 gradients differed in its last
+# bits, because the two graphs are cut differently and those emitters round
+# them differently. It keeps XLA:CPU's default fusion emitters, under which
+# all 15 are equal.
+XLA_FLAGS = {"mnist_cnn": FAST_COMPILE, "resnet18": FAST_COMPILE,
+             "transformer_layer": BITWISE_COMPILE}
 
 
 @pytest.mark.parametrize("policy", ["tpu", "cpu"])
 @pytest.mark.parametrize("model", MODELS)
 def test_compiled_model_matches_lazy(model, policy):
-    env = dict(os.environ, PJRT_DEVICE="CPU", XLA_FLAGS=BITWISE_COMPILE, PYTHONPATH=BENCHMARKS)
+    env = dict(os.environ, PJRT_DEVICE="CPU", XLA_FLAGS=XLA_FLAGS[model], PYTHONPATH=BENCHMARKS)
     env.pop("CPU_NUM_DEVICES", None)
     proc = subprocess.run(
         [sys.executable, os.path.join(HERE, "helpers_compiled_models.py"), model, policy],
@@ -44,7 +53,7 @@ def test_compiled_model_with_module_policies_matches_lazy(model, policy):
     """Module policies (norms and the classifier in fp32, attention under
     the cuda rules; helpers_compiled_models.RULES) compiled: bit-equal to
     the lazy run, as without rules."""
-    env = dict(os.environ, PJRT_DEVICE="CPU", XLA_FLAGS=BITWISE_COMPILE, PYTHONPATH=BENCHMARKS)
+    env = dict(os.environ, PJRT_DEVICE="CPU", XLA_FLAGS=XLA_FLAGS[model], PYTHONPATH=BENCHMARKS)
     env.pop("CPU_NUM_DEVICES", None)
     proc = subprocess.run(
         [sys.executable, os.path.join(HERE, "helpers_compiled_models.py"), model, policy,
