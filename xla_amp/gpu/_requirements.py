@@ -119,10 +119,11 @@ def find(path: list[str] | None = None, driver_name: str = DRIVER) -> Found:
     path = sys.path if path is None else path
     want = pins()
     found, problems = {}, []
-    fix = f"install them with: {install_command()}"
+    pip_fixes = False  # a problem that `pip install` of the pinned pieces fixes
 
     plugin = _distribution(PLUGIN, path)
     if plugin is None:
+        pip_fixes = True
         problems.append(f"the CUDA PJRT plugin ({PLUGIN}=={want['plugin_version']}) is not "
                         f"installed in this Python ({sys.executable})")
     else:
@@ -132,6 +133,7 @@ def find(path: list[str] | None = None, driver_name: str = DRIVER) -> Found:
             problems.append(f"{PLUGIN} {plugin.version} is installed but {library} is missing "
                             "(reinstall it)")
         elif plugin.version != want["plugin_version"]:
+            pip_fixes = True
             problems.append(f"{PLUGIN} {plugin.version} is installed; torch_xla "
                             f"{torch_xla.__version__} needs {want['plugin_version']} (its PJRT "
                             f"C API, {want['c_api'][0]}.{want['c_api'][1]}, is the one this "
@@ -154,6 +156,7 @@ def find(path: list[str] | None = None, driver_name: str = DRIVER) -> Found:
 
     nvcc = _distribution(NVCC, path)
     if nvcc is None:
+        pip_fixes = True
         problems.append(f"{NVCC} (ptxas and libdevice, which XLA compiles GPU kernels with) "
                         "is not installed")
     else:
@@ -168,6 +171,6 @@ def find(path: list[str] | None = None, driver_name: str = DRIVER) -> Found:
     found.update(driver_version=version, device_count=count)
     if problem:
         problems.append(problem)
-    if any("not installed" in p or "needs" in p for p in problems):
-        problems.append(fix)
+    if pip_fixes:
+        problems.append(f"install them with: {install_command()}")
     return Found(**found, problems=tuple(problems))
