@@ -30,12 +30,15 @@ import sys
 import time
 from typing import Callable, Hashable, Iterable, Sequence
 
+from xla_amp_launch.metrics import Counters
+
 #: The torch_xla.debug.metrics metrics the benchmarks count: graph
 #: executions, device-to-host transfers and XLA compilations.
 METRICS = ("ExecuteTime", "TransferFromDeviceTime", "CompileTime")
 #: Counted with a metric: in SPMD mode (XLA:GPU through the CUDA plugin,
-#: sharded runs) torch_xla records executions as ExecuteReplicatedTime.
-ALSO = {"ExecuteTime": ("ExecuteReplicatedTime",)}
+#: sharded runs) torch_xla records executions as ExecuteReplicatedTime. The
+#: launchers' counters say which metrics make up each count.
+ALSO = {names[0]: names[1:] for names in Counters.NAMES.values()}
 
 median = statistics.median
 

@@ -15,11 +15,11 @@ Install: ``pip install 'xla_amp[gpu]'``. docs/gpu.md has the details.
 """
 import os
 
-from xla_amp.gpu._plugin import CudaPlugin, CudaPluginError, CudaSetup, setup, use_cuda_plugin
+from xla_amp.gpu._plugin import CudaPlugin, CudaPluginError, CudaSetup, use_cuda_plugin
 
 ENV = "XLA_AMP_CUDA_PLUGIN"
 
-__all__ = ["use_cuda_plugin", "CudaPluginError", "CudaSetup", "CudaPlugin", "setup", "ENV"]
+__all__ = ["use_cuda_plugin", "CudaPluginError", "CudaSetup", "CudaPlugin", "ENV"]
 
 
 def from_environment() -> CudaSetup | None:

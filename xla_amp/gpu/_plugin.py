@@ -154,8 +154,3 @@ def use_cuda_plugin(*, memory_fraction: float | None = None, preallocate: bool |
         _setup = CudaSetup(found.plugin_path, found.plugin_version, found.c_api, found.nvcc_dir,
                            found.driver_version, found.device_count, key)
         return _setup
-
-
-def setup() -> CudaSetup | None:
-    """The registered setup, or None before ``use_cuda_plugin``."""
-    return _setup

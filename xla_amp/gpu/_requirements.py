@@ -65,10 +65,7 @@ class Found:
 
 
 def _distribution(name: str, path):
-    for dist in importlib.metadata.distributions(path=path):
-        if (dist.metadata["Name"] or "").lower().replace("_", "-") == name:
-            return dist
-    return None
+    return next(iter(importlib.metadata.distributions(name=name, path=path)), None)
 
 
 def c_api_version(library: str) -> tuple[int, int]:
@@ -146,7 +143,7 @@ def find(path: list[str] | None = None, driver_name: str = DRIVER) -> Found:
                                 f"{torch_xla.__version__} speaks {want['c_api'][0]}."
                                 f"{want['c_api'][1]} (reinstall {PLUGIN}=="
                                 f"{want['plugin_version']})")
-        site = os.path.dirname(os.path.dirname(os.path.dirname(library)))
+        site = str(plugin.locate_file(""))
         missing = [lib for lib in CUDA_LIBS
                    if not os.path.isdir(os.path.join(site, "nvidia", lib, "lib"))]
         if missing:
