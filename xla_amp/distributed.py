@@ -135,7 +135,8 @@ def reduce_found_inf_(found_inf: Sequence[torch.Tensor], groups=None,
 
 
 def optimizer_step(optimizer, scaler=None, groups: Optional[list[list[int]]] = None,
-                   pin_layout: bool = True, optimizer_args: Optional[dict] = None):
+                   pin_layout: bool = True, optimizer_args: Optional[dict] = None,
+                   reduce_gradients: bool = True):
     """Reduce the gradients, then step: with a scaler, unscale + check + step +
     update, all on the device. Call once per iteration after ``backward()``.
 
@@ -144,14 +145,16 @@ def optimizer_step(optimizer, scaler=None, groups: Optional[list[list[int]]] = N
 
     It calls ``scaler.update()``: with several optimizers sharing a scaler,
     call `all_reduce_gradients` and ``scaler.step`` for each, then one
-    ``scaler.update()``, instead.
+    ``scaler.update()``, instead. ``reduce_gradients=False``: they were
+    reduced already (before clipping them); the skip flags still are.
     """
     from xla_amp.scaler import GradScaler
     if scaler is not None and not isinstance(scaler, GradScaler):
         raise TypeError(f"optimizer_step: scaler must be an xla_amp.GradScaler or None, "
                         f"got {type(scaler).__name__}")
     optimizer_args = optimizer_args or {}
-    all_reduce_gradients(optimizer, groups=groups, pin_layout=pin_layout)
+    if reduce_gradients:
+        all_reduce_gradients(optimizer, groups=groups, pin_layout=pin_layout)
     if scaler is None or not scaler.is_enabled():
         return optimizer.step(**optimizer_args)
     flags = scaler.found_inf_flags(optimizer)  # non-empty when unscale_ ran first

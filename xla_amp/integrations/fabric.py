@@ -1,0 +1,100 @@
+"""xla_amp as a precision plugin for ``lightning.Fabric`` on XLA.
+
+    from xla_amp.integrations.fabric import XLAAMPPrecision
+    fabric = L.Fabric(accelerator="tpu", plugins=[XLAAMPPrecision("bf16-mixed")])
+    model, optimizer = fabric.setup(model, xla_amp.syncfree.AdamW(model.parameters()))
+
+Fabric's XLA strategies take only ``XLAPrecision`` plugins, so this is one;
+its ``__init__`` is not called (it would set ``XLA_USE_BF16``). Each hook
+does one job and hands it to the shared ``Hooks`` (``_hooks.py``).
+Fabric has no hook that could replace the optimizer: build the syncfree
+one yourself (``"bf16-true"`` with master weights or stochastic rounding
+refuses any other at its first step).
+"""
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+from lightning.fabric.plugins.precision.xla import XLAPrecision
+
+from xla_amp.integrations._hooks import Hooks
+from xla_amp.integrations._mode import Mode
+
+MODE_ARGS_DOC = """
+    Args:
+        precision: ``"bf16-mixed"`` (bf16 autocast, fp32 parameters),
+            ``"16-mixed"`` (fp16 autocast + ``xla_amp.GradScaler``: an
+            overflow step is skipped on the device) or ``"bf16-true"``
+            (bf16 parameters through ``xla_amp.cast_module``; the forward
+            still runs under autocast, so its fp32-listed ops -- softmax,
+            losses -- widen).
+        policy: autocast rules, a name or an ``xla_amp.Policy``; default:
+            the device's.
+        module_policies: rules for ``xla_amp.module_policies``.
+        master_weights, stochastic_rounding: ``"bf16-true"``: how the
+            ``xla_amp.syncfree`` optimizer keeps the updates bf16 cannot hold.
+        keep: ``"bf16-true"``: module classes left in float32.
+        scaler: ``"16-mixed"``: ``xla_amp.GradScaler`` arguments.
+
+    A bad argument raises ``ValueError`` naming it, before anything changes.
+    No ``XLA_USE_*`` environment variable is read or set.
+"""
+
+
+class XLAAMPPrecision(XLAPrecision):
+    __doc__ = "xla_amp's mixed precision for Fabric on XLA.\n" + MODE_ARGS_DOC
+
+    def __init__(self, precision: str = "bf16-mixed", *, policy=None, module_policies=None,
+                 master_weights: bool = False, stochastic_rounding: bool = False,
+                 keep: tuple = (), scaler: dict | None = None) -> None:
+        mode = Mode(precision, policy=policy, module_policies=module_policies,
+                    master_weights=master_weights, stochastic_rounding=stochastic_rounding,
+                    keep=keep, scaler=scaler or {})
+        self.hooks = Hooks(mode)
+        self.precision = mode.precision
+        # XLAFSDPStrategy's compute_dtype: the parameters' dtype (autocast
+        # does the mixed modes' casting inside the forward)
+        self._desired_dtype = mode.param_dtype
+
+    @property
+    def scaler(self):
+        """The ``xla_amp.GradScaler`` (``"16-mixed"``), else ``None``."""
+        return self.hooks.scaler
+
+    def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        return self.hooks.convert_module(module)
+
+    def forward_context(self) -> AbstractContextManager:
+        return self.hooks.autocast()
+
+    def tensor_init_context(self) -> AbstractContextManager:
+        return nullcontext()
+
+    def module_init_context(self) -> AbstractContextManager:
+        return nullcontext()
+
+    def convert_input(self, data: Any) -> Any:
+        return self.hooks.convert_input(data)
+
+    def pre_backward(self, tensor: torch.Tensor, module) -> Any:
+        return self.hooks.scale(tensor)
+
+    def unscale_gradients(self, optimizer) -> None:
+        self.hooks.unscale(optimizer)
+
+    def optimizer_step(self, optimizer, **kwargs: Any) -> Any:
+        import torch_xla
+        out = self.hooks.step(optimizer, **kwargs)
+        torch_xla.sync()  # the step is one graph, cut here (as XLAPrecision's barrier)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.hooks.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.hooks.load_state_dict(state_dict)
+
+    def teardown(self) -> None:
+        self.hooks.teardown()
