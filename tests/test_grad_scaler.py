@@ -230,6 +230,23 @@ def test_misuse_raises_runtime_error(device):
         scaler.update()  # update twice: nothing recorded since the last update
 
 
+def test_a_none_closure_passed_positionally_is_no_closure(device):
+    """torch.amp.GradScaler.step(opt, None) steps (Accelerate's prepared
+    optimizer calls ``scaler.step(optimizer, closure)`` with closure=None);
+    a real closure is refused either way, before anything changes."""
+    model = _make(device)
+    opt = syncfree.SGD(model.parameters(), lr=0.1)
+    scaler = GradScaler()
+    _scaled_backward(model, scaler, device)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(RuntimeError, match="Closure"):
+        scaler.step(opt, lambda: None)
+    assert all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(before, model.parameters()))
+    scaler.step(opt, None)
+    scaler.update()
+    assert not all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(before, model.parameters()))
+
+
 def test_params_not_on_xla_rejected(device):
     model = torch.nn.Linear(2, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -185,12 +185,16 @@ class GradScaler(ScalerStateDict):
         Call once per optimizer per iteration, after ``backward()`` and
         before :meth:`update`. Extra arguments go to ``optimizer.step``.
         Sync-free for ``xla_amp.syncfree`` optimizers; see the module
-        docstring for others. Closures are not supported.
+        docstring for others. Closures are not supported (``None`` in the
+        closure's place, as Accelerate passes, is no closure).
         """
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
-        if "closure" in kwargs or args:
+        if args[:1] == (None,):
+            args = args[1:]
+        if kwargs.get("closure", None) is not None or args:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
+        kwargs.pop("closure", None)
         if "found_inf" in kwargs:
             raise RuntimeError("GradScaler.step: found_inf is supplied by the scaler; do not pass it")
         self._check_started("step()")
