@@ -1,0 +1,83 @@
+"""xla_amp for the Hugging Face Transformers ``Trainer`` on XLA.
+
+    from xla_amp.integrations.transformers import XLAAMPTrainer     # in place of Trainer
+    trainer = XLAAMPTrainer(model=model, args=TrainingArguments(..., bf16=True),  # or fp16=True
+                            train_dataset=ds, xla_amp_policy=None)
+    trainer.train()
+
+or, for a Trainer subclass of your own (TRL's, ...), put the mixin first:
+``class MyTrainer(XLAAMPTrainerMixin, SFTTrainer): ...``
+
+``--bf16`` / ``--fp16`` then mean xla_amp's autocast, for fp16 with
+xla_amp's GradScaler, and the optimizer the Trainer builds
+(``adamw_torch``, ``adamw_torch_fused``, ...: ``torch.optim.AdamW``) is
+replaced by ``xla_amp.syncfree.AdamW`` with the same arguments, so the
+scaler's skip decision reaches it as ``found_inf``, on the device.
+``optim="adamw_torch_xla"`` (PyTorch/XLA's own syncfree AdamW) is kept:
+the scaler feeds it ``found_inf`` too. No ``XLA_USE_BF16``.
+
+How: the Trainer makes its Accelerator inside
+``create_accelerator_and_postprocess`` from the name ``Accelerator`` in
+``transformers.trainer``; for that one call the name is
+``xla_amp.integrations.accelerate.Accelerator`` (the Accelerate route,
+docs/integrations.md), then it is put back. The optimizer is swapped in
+``create_optimizer``, before the Trainer builds its LR scheduler on it.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+
+import transformers
+import transformers.trainer
+
+from xla_amp.integrations import _optimizers
+from xla_amp.integrations.accelerate import Accelerator
+
+_swap_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _trainer_accelerator(factory):
+    """``transformers.trainer.Accelerator`` is ``factory`` inside."""
+    module = transformers.trainer
+    if not hasattr(module, "Accelerator"):
+        raise RuntimeError(
+            f"transformers {transformers.__version__}: transformers.trainer has no name "
+            "'Accelerator' to hand xla_amp's in for; this integration is tested with 5.23")
+    with _swap_lock:
+        stock = module.Accelerator
+        module.Accelerator = factory
+        try:
+            yield
+        finally:
+            module.Accelerator = stock
+
+
+class XLAAMPTrainerMixin:
+    """Put before ``transformers.Trainer`` (or a subclass) in the bases.
+
+    Extra keyword arguments: ``xla_amp_policy`` (autocast rules, a name or a
+    ``Policy``; default: the device's) and ``xla_amp_module_policies``
+    (rules for ``xla_amp.module_policies``)."""
+
+    def __init__(self, *args, xla_amp_policy=None, xla_amp_module_policies=None, **kwargs):
+        self._xla_amp_options = {"policy": xla_amp_policy,
+                                 "module_policies": xla_amp_module_policies}
+        super().__init__(*args, **kwargs)
+
+    def create_accelerator_and_postprocess(self) -> None:
+        with _trainer_accelerator(functools.partial(Accelerator, **self._xla_amp_options)):
+            super().create_accelerator_and_postprocess()
+
+    def create_optimizer(self, *args, **kwargs):
+        optimizer = super().create_optimizer(*args, **kwargs)
+        hooks = getattr(self.accelerator, "xla_amp_hooks", None)
+        if hooks is not None and self.optimizer is optimizer:
+            self.optimizer = _optimizers.to_syncfree(optimizer, hooks.mode)
+        return self.optimizer
+
+
+class XLAAMPTrainer(XLAAMPTrainerMixin, transformers.Trainer):
+    """``transformers.Trainer`` with xla_amp's mixed precision (see the mixin)."""
