@@ -8,7 +8,7 @@ SOURCES := $(wildcard csrc/*.cpp csrc/*/*.cpp csrc/*/*.h) setup.py pyproject.tom
 MAX_JOBS ?= 2
 export PJRT_DEVICE ?= CPU
 
-.PHONY: all venv build bazel wheel test zoo zoo-large demo bench docs clean
+.PHONY: all venv build bazel wheel test integrations zoo zoo-large demo bench docs clean
 
 all: test
 
@@ -76,6 +76,12 @@ wheel: $(STAMP)
 TEST_WORKERS ?= 2
 test: build
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 tests
+
+# xla_amp inside Lightning (Trainer, Fabric), Accelerate and the Transformers
+# Trainer: the frameworks' own loops on XLA:CPU (tests marked `integrations`,
+# kept out of `make test`, which is at its 10-minute budget). ~1 minute.
+integrations: build
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m integrations --durations=10 tests
 
 # The model-zoo sweep: the torchvision models of tests/test_zoo.py under every
 # policy (make test runs a subset), one model at a time: RegNet-Y alone grows

@@ -127,3 +127,17 @@ def test_an_optimizer_without_the_modes_master_is_refused_before_the_step():
     with pytest.raises(ValueError, match="master_weights=True needs an xla_amp.syncfree optimizer"):
         opt.step()
     assert all(torch.equal(a, b.detach().cpu()) for a, b in zip(before, model.parameters()))
+
+
+@pytest.mark.parametrize("precision", list(MODES))
+def test_xla_fsdp_strategy_takes_the_plugin_and_its_dtype(precision):
+    """XLAFSDPStrategy (FSDPv1) accepts only XLAPrecision plugins and wraps
+    with compute_dtype = the plugin's _desired_dtype: the parameters' dtype
+    (autocast casts inside the mixed modes' forward). Running it needs more
+    than one device in replica mode, whose collectives do not execute on
+    XLA:CPU (pytorch/xla issue 5005), and the strategy refuses one device."""
+    plugin = XLAAMPPrecision(precision, **MODES[precision])
+    f = L.Fabric(accelerator="tpu", devices=1, strategy="xla_fsdp", plugins=[plugin])
+    assert f.strategy.precision is plugin
+    wanted = torch.bfloat16 if precision == "bf16-true" else torch.float32
+    assert f.strategy._parse_fsdp_kwargs()["compute_dtype"] == wanted
