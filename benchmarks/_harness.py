@@ -206,3 +206,77 @@ def run_worker(script: str, argv: Sequence[str], what: str,
             return json.loads(line[len(RESULT):])
     raise SystemExit(f"{os.path.basename(script)}: {what} failed (exit {proc.returncode}):\n"
                      f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+
+
+# ------------------------------------------------------------ paced workers
+#
+# For loops a framework owns (Lightning's Trainer, the Transformers
+# Trainer): each variant runs in its own process, from a callback at the end
+# of every step, and stops after warm-up and after every block of steps
+# until the parent says "go". The parent runs one block of each variant in
+# turn -- interleaved rounds, one process busy at a time -- and the
+# variants' settings (environment variables such as XLA_USE_BF16, whether
+# xla_amp is imported at all) cannot leak into each other.
+
+
+class Pacer:
+    """Worker side: call ``tick()`` once at the end of every step. After
+    ``warmup`` steps it reports ``{"ready": True}`` and waits; after each
+    further ``block`` steps it reports the block's ms/step and metric counts
+    and waits. Time spent waiting is not counted."""
+
+    def __init__(self, warmup: int, block: int):
+        self.warmup, self.block, self.n = warmup, block, 0
+        self._t0, self._c0 = 0.0, {}
+
+    def tick(self) -> None:
+        self.n += 1
+        if self.n == self.warmup:
+            wait_device()
+            self._report({"ready": True})
+        elif self.n > self.warmup and (self.n - self.warmup) % self.block == 0:
+            c = counts()
+            ms = (time.perf_counter() - self._t0) * 1e3 / self.block
+            self._report({"ms": ms, "counts": {k: c[k] - self._c0[k] for k in c}})
+
+    def _report(self, result: dict) -> None:
+        print_result(result)
+        if sys.stdin.readline().strip() != "go":
+            os._exit(0)  # told to stop: skip the framework's teardown
+        self._c0 = counts()
+        self._t0 = time.perf_counter()
+
+
+class PacedWorker:
+    """Parent side of a ``Pacer``: ``python script *argv`` started and run
+    to its warm-up's end; ``block()`` runs one more block and returns its
+    result (``ms``, ``counts``)."""
+
+    def __init__(self, script: str, argv: Sequence[str], env: dict | None = None):
+        self.what = " ".join(argv)
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(script), *argv],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, env=env)
+        self._read()
+
+    def _read(self) -> dict:
+        lines = []
+        for line in self.proc.stdout:
+            if line.startswith(RESULT):
+                return json.loads(line[len(RESULT):])
+            lines.append(line)
+        raise SystemExit(f"worker {self.what} ended (exit {self.proc.wait()}):\n"
+                         + "".join(lines[-40:]))
+
+    def block(self) -> dict:
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.write("stop\n")
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        self.proc.wait()
