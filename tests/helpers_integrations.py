@@ -9,12 +9,23 @@ import torch
 
 STEPS = 20
 BATCH = 8
-# precision -> the plugin/Accelerate arguments each test uses: 16-mixed under
-# the cuda rules (the ones XLA:GPU users get), bf16-true with a fp32 master
-MODES = {"bf16-mixed": {}, "16-mixed": {"policy": "cuda"},
-         "bf16-true": {"master_weights": True}}
-COMPUTE = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16,
-           "bf16-true": torch.bfloat16, "32-true": torch.float32}
+# test id -> (precision, the plugin's other arguments): 16-mixed under the
+# cuda rules (the ones XLA:GPU users get), bf16-true with an fp32 master or
+# with stochastic rounding
+MODES = {"bf16-mixed": ("bf16-mixed", {}), "16-mixed": ("16-mixed", {"policy": "cuda"}),
+         "bf16-true": ("bf16-true", {"master_weights": True}),
+         "bf16-true-sr": ("bf16-true", {"stochastic_rounding": True})}
+COMPUTE = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16, "bf16-true": torch.bfloat16,
+           "bf16-true-sr": torch.bfloat16, "32-true": torch.float32}
+
+
+def optimizer_options(mode: str) -> dict:
+    """The syncfree options the mode's optimizer carries."""
+    return {k: v for k, v in MODES[mode][1].items() if k != "policy"}
+
+
+def param_dtype(mode: str) -> torch.dtype:
+    return torch.bfloat16 if MODES[mode][0] == "bf16-true" else torch.float32
 
 
 def data(steps=STEPS, seed=0):

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 
 L = pytest.importorskip("lightning")
-from helpers_integrations import (COMPUTE, MODES, close, loader, net, tpu_probe,  # noqa: E402
-                                  xla_env_vars)
+from helpers_integrations import (COMPUTE, MODES, close, loader, net, optimizer_options,  # noqa: E402
+                                  param_dtype, tpu_probe, xla_env_vars)
 from xla_amp import syncfree  # noqa: E402
 from xla_amp.integrations.fabric import XLAAMPPrecision  # noqa: E402
 
@@ -24,14 +24,14 @@ def fabric(precision, **kw):
     if precision == "32-true":
         return L.Fabric(accelerator="tpu", devices=1, precision="32-true")
     return L.Fabric(accelerator="tpu", devices=1,
-                    plugins=[XLAAMPPrecision(precision, **MODES[precision], **kw)])
+                    plugins=[XLAAMPPrecision(MODES[precision][0], **MODES[precision][1], **kw)])
 
 
 def setup(f, precision):
     """As docs/integrations.md tells Fabric users: the model on the device
     first (syncfree optimizers take XLA parameters), then its optimizer."""
-    options = {"master_weights": True} if precision == "bf16-true" else {}
     model = f.setup_module(net())
+    options = optimizer_options(precision) if precision != "32-true" else {}
     return model, f.setup_optimizers(syncfree.AdamW(model.parameters(), lr=1e-2, **options))
 
 
@@ -75,8 +75,7 @@ def test_trains_in_the_mode_without_env_switches(precision, fp32_losses):
     losses, dtypes = run(f, model, opt)
     assert dtypes == {COMPUTE[precision]}
     close([float(v) for v in losses], fp32_losses)
-    assert {p.dtype for p in model.parameters()} == {
-        torch.bfloat16 if precision == "bf16-true" else torch.float32}
+    assert {p.dtype for p in model.parameters()} == {param_dtype(precision)}
     assert xla_env_vars() == {}
 
 
@@ -136,8 +135,7 @@ def test_xla_fsdp_strategy_takes_the_plugin_and_its_dtype(precision):
     (autocast casts inside the mixed modes' forward). Running it needs more
     than one device in replica mode, whose collectives do not execute on
     XLA:CPU (pytorch/xla issue 5005), and the strategy refuses one device."""
-    plugin = XLAAMPPrecision(precision, **MODES[precision])
+    plugin = XLAAMPPrecision(MODES[precision][0], **MODES[precision][1])
     f = L.Fabric(accelerator="tpu", devices=1, strategy="xla_fsdp", plugins=[plugin])
     assert f.strategy.precision is plugin
-    wanted = torch.bfloat16 if precision == "bf16-true" else torch.float32
-    assert f.strategy._parse_fsdp_kwargs()["compute_dtype"] == wanted
+    assert f.strategy._parse_fsdp_kwargs()["compute_dtype"] == param_dtype(precision)

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 L = pytest.importorskip("lightning")
-from helpers_integrations import (COMPUTE, MODES, close, loader, net, tpu_probe,  # noqa: E402
-                                  xla_env_vars)
+from helpers_integrations import (COMPUTE, MODES, close, loader, net, optimizer_options,  # noqa: E402
+                                  param_dtype, tpu_probe, xla_env_vars)
 from xla_amp import syncfree  # noqa: E402
 from xla_amp.integrations.lightning import XLAAMPPrecision  # noqa: E402
 
@@ -52,7 +52,8 @@ class Record(L.Callback):
 
 
 def trainer(precision, callbacks=(), **kw):
-    plugins = [XLAAMPPrecision(precision, **MODES[precision], **kw)] if precision != "32-true" else []
+    plugins = ([XLAAMPPrecision(MODES[precision][0], **MODES[precision][1], **kw)]
+               if precision != "32-true" else [])
     return L.Trainer(accelerator="tpu", devices=1, plugins=plugins, precision="32-true"
                      if not plugins else None, max_steps=-1, max_epochs=1, logger=False,
                      enable_checkpointing=False, enable_progress_bar=False,
@@ -87,11 +88,11 @@ def test_trains_in_the_mode_without_env_switches(precision, fp32_losses):
     assert all(env == {} for env in m.env) and xla_env_vars() == {}
     opt = t.optimizers[0]
     assert isinstance(opt, syncfree.AdamW)  # configure_optimizers' AdamW, swapped in connect
-    assert opt.param_groups[0]["master_weights"] is (precision == "bf16-true")
+    for key in ("master_weights", "stochastic_rounding"):
+        assert opt.param_groups[0][key] is optimizer_options(precision).get(key, False)
     assert t.lr_scheduler_configs[0].scheduler.optimizer is opt
     assert opt.param_groups[0]["lr"] == pytest.approx(1e-2 * 0.9 ** 6)  # the scheduler drove it
-    param_dtypes = {p.dtype for p in m.parameters()}
-    assert param_dtypes == {torch.bfloat16 if precision == "bf16-true" else torch.float32}
+    assert {p.dtype for p in m.parameters()} == {param_dtype(precision)}
 
 
 def test_an_overflow_skips_the_step_and_halves_the_scale():
