@@ -100,6 +100,12 @@ PUBLIC = ["autocast", "set_default_policy", "custom_fwd", "custom_bwd", "policie
     ("xla_amp.numerics", ["explain", "watch_nonfinite", "compare", "PrecisionReport"]),
     ("xla_amp.distributed", ["all_reduce_gradients", "optimizer_step"]),
     ("xla_amp.gpu", ["use_cuda_plugin", "CudaPluginError", "CudaSetup"]),
+    # these import their framework: run by make integrations
+    *[pytest.param(path, names, marks=pytest.mark.integrations) for path, names in [
+        ("xla_amp.integrations.lightning", ["XLAAMPPrecision"]),
+        ("xla_amp.integrations.fabric", ["XLAAMPPrecision"]),
+        ("xla_amp.integrations.accelerate", ["Accelerator"]),
+        ("xla_amp.integrations.transformers", ["XLAAMPTrainer", "XLAAMPTrainerMixin"])]],
 ])
 def test_public_names_and_paths(path, names):
     module = importlib.import_module(path)
