@@ -17,6 +17,8 @@
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch_xla
 import torch_xla.core.xla_model as xm
@@ -37,19 +39,20 @@ class Hooks:
         self.scaler = xla_amp.GradScaler(**mode.scaler) if mode.scaled else None
         self._handles: list = []
         self._checked: set[int] = set()
+        self._converted: weakref.WeakSet = weakref.WeakSet()
 
     # -- the model ------------------------------------------------------------
 
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
         """Give ``module`` the mode's parameter dtype and module policies
         (once per module: a framework may hand the same one over twice)."""
-        if getattr(module, "_xla_amp_converted", None) is self:
+        if module in self._converted:
             return module
         if self.mode.param_dtype != torch.float32:
             cast_module(module, self.mode.param_dtype, keep=self.mode.keep)
         if self.mode.module_policies:
             self._handles.append(module_policies(module, self.mode.module_policies))
-        module._xla_amp_converted = self
+        self._converted.add(module)
         return module
 
     def autocast(self, device=None) -> xla_amp.autocast:

@@ -66,15 +66,16 @@ def to_syncfree(optimizer, mode):
         raise ValueError(f"{type(optimizer).__name__} has state already (it has stepped); "
                          "xla_amp replaces it by its syncfree namesake before the first step")
     options = {k: v for k, v in mode.optimizer_options.items() if v}
-    groups = optimizer.param_groups
-    for group in groups:
-        group.update(options)
     cls = NAMESAKES[type(optimizer)]
     accepted = inspect.signature(cls).parameters
-    # the group dicts themselves become the new optimizer's (add_param_group
-    # keeps the dict it is given), so an LR scheduler's edits still land
-    new = cls(groups, **{k: v for k, v in optimizer.defaults.items() if k in accepted})
-    assert all(a is b for a, b in zip(new.param_groups, groups))
+    groups = optimizer.param_groups
+    # built from copies (a refusal leaves the original as it was), then
+    # given the original dicts back, so an LR scheduler's edits still land
+    new = cls([{**g, **options} for g in groups],
+              **{k: v for k, v in optimizer.defaults.items() if k in accepted})
+    for old, made in zip(groups, new.param_groups):
+        old.update(made)
+    new.param_groups = groups
     return new
 
 

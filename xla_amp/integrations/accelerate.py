@@ -72,13 +72,13 @@ class Accelerator(accelerate.Accelerator):
         self.xla_amp_hooks = Hooks(mode) if mode is not None else None
         if mode is not None:
             self.scaler = self.xla_amp_hooks.scaler
-            self._xla_amp_name = next(k for k, v in NAMES.items() if v == mode.precision)
 
     @property
     def mixed_precision(self) -> str:
+        """The precision asked for ("bf16", "fp16" or Accelerate's own)."""
         if self.xla_amp_hooks is None:
             return super().mixed_precision
-        return self._xla_amp_name
+        return next(k for k, v in NAMES.items() if v == self.xla_amp_hooks.mode.precision)
 
     def prepare_model(self, model, device_placement=None, evaluation_mode: bool = False):
         model = super().prepare_model(model, device_placement=device_placement,

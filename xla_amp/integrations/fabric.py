@@ -13,7 +13,7 @@ refuses any other at its first step).
 """
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -68,12 +68,6 @@ class XLAAMPPrecision(XLAPrecision):
 
     def forward_context(self) -> AbstractContextManager:
         return self.hooks.autocast()
-
-    def tensor_init_context(self) -> AbstractContextManager:
-        return nullcontext()
-
-    def module_init_context(self) -> AbstractContextManager:
-        return nullcontext()
 
     def convert_input(self, data: Any) -> Any:
         return self.hooks.convert_input(data)

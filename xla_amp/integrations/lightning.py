@@ -23,7 +23,7 @@ One iteration (``optimizer_step``)::
 """
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from typing import Any, Callable
 
 import torch
@@ -73,12 +73,6 @@ class XLAAMPPrecision(XLAPrecision):
 
     def forward_context(self) -> AbstractContextManager:
         return self.hooks.autocast()
-
-    def tensor_init_context(self) -> AbstractContextManager:
-        return nullcontext()
-
-    def module_init_context(self) -> AbstractContextManager:
-        return nullcontext()
 
     def convert_input(self, data: Any) -> Any:
         return self.hooks.convert_input(data)

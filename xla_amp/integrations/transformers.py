@@ -72,9 +72,10 @@ class XLAAMPTrainerMixin:
             super().create_accelerator_and_postprocess()
 
     def create_optimizer(self, *args, **kwargs):
+        built_here = self.optimizer is None  # not one passed in with its scheduler
         optimizer = super().create_optimizer(*args, **kwargs)
         hooks = getattr(self.accelerator, "xla_amp_hooks", None)
-        if hooks is not None and self.optimizer is optimizer:
+        if hooks is not None and built_here and self.optimizer is optimizer:
             self.optimizer = _optimizers.to_syncfree(optimizer, hooks.mode)
         return self.optimizer
 
