@@ -86,10 +86,13 @@ integrations: build
 # The model-zoo sweep: the torchvision models of tests/test_zoo.py under every
 # policy (make test runs a subset), one model at a time: RegNet-Y alone grows
 # past 8 GB while it compiles, and two large models side by side were killed
-# for memory on 24 GB.
-# Six models, ~6 minutes on 2 cores (session 7); --durations shows each.
+# for memory on 24 GB. Six models, ~6 minutes on 2 cores (session 7).
+# tests/test_zoo_hf.py: Transformers (GPT-2, Llama, Mistral, BERT, T5) and
+# timm (ViT, EfficientNet-B0, ConvNeXt, ResNet-D) models, lazy and compiled:
+# 9 models, 5.5-8 minutes on 2 cores (peak 3.5 GB, EfficientNet-B0).
+# --durations shows each.
 zoo: build
-	$(PY) -m pytest -q -m zoo tests/test_zoo.py --durations=0
+	$(PY) -m pytest -q -m zoo tests/test_zoo.py tests/test_zoo_hf.py --durations=0
 
 # DenseNet-121 alone, one process per variant: 25 minutes on 2 cores, peak ~10 GB
 # (the four variants in one process grew past 23 GB; not in CI).

@@ -1,4 +1,5 @@
-"""Real models under every policy: torchvision's zoo and a transformer layer.
+"""Real models under every policy: torchvision's zoo, a transformer layer,
+and Hugging Face Transformers and timm models (benchmarks/zoo_hf.py).
 
     PJRT_DEVICE=CPU .venv/bin/python benchmarks/zoo.py [--models resnet18,...|all]
     PJRT_DEVICE=CPU .venv/bin/python benchmarks/zoo.py --check --models resnet18 \
@@ -6,7 +7,10 @@
 
 Each model (10 classes, small images) trains with xla_amp.autocast +
 GradScaler + syncfree.SGD(momentum=0.9) under each variant: ``fp32`` (no
-autocast), ``tpu``, ``cuda``, ``cpu`` (bfloat16 unless ``policy:dtype``).
+autocast), ``tpu``, ``cuda``, ``cpu`` (bfloat16 unless ``policy:dtype``);
+``+compiled`` after a variant (``tpu+compiled``) runs its forward and loss
+through ``torch.compile(backend="openxla")``, the backward, scaler and
+optimizer lazily after it (the step docs/compiled.md recommends).
 
 ``--check`` (what tests/test_zoo.py runs): every variant starts from the same
 weights and batch and trains ``--steps`` steps; one JSON line per variant
@@ -38,13 +42,14 @@ import torch_xla  # noqa: E402
 
 import xla_amp  # noqa: E402
 
+import zoo_hf  # noqa: E402  (this folder's, as _harness)
 from _harness import (Tally, interleaved, md_header, md_row, median,  # noqa: E402
                       paired_ratio, time_steps, warm_up)  # (this folder's)
 
 TORCHVISION = ("resnet18", "resnet50", "mobilenet_v3_small", "efficientnet_b0",
                "convnext_tiny", "densenet121", "regnet_y_400mf", "shufflenet_v2_x0_5",
                "vit_b_16")
-MODELS = TORCHVISION + ("transformer_layer",)
+MODELS = TORCHVISION + ("transformer_layer",) + zoo_hf.MODELS
 DEFAULT_TIMED = ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "transformer_layer")
 VARIANTS = ("fp32", "tpu", "cuda", "cpu")
 
@@ -66,6 +71,8 @@ class TransformerClassifier(nn.Module):
 def build(name: str, batch: int, image: int, seed: int = 0):
     """(model on CPU, input batch, targets) for `name`, deterministic."""
     torch.manual_seed(seed)
+    if name in zoo_hf.MODELS:
+        return zoo_hf.build(name, batch, image)
     if name == "transformer_layer":
         model = TransformerClassifier()
         x = torch.randint(0, 100, (batch, 16))
@@ -77,31 +84,51 @@ def build(name: str, batch: int, image: int, seed: int = 0):
     return model, x, torch.randint(0, 10, (batch,))
 
 
-def parse_variant(v: str) -> tuple[str, torch.dtype | None]:
-    policy, _, dtype = v.partition(":")
-    if policy != "fp32" and policy not in xla_amp.policies.names():
-        raise SystemExit(f"unknown variant {v!r}: fp32 or a policy name ({', '.join(VARIANTS)})")
-    return policy, getattr(torch, dtype) if dtype else (None if policy == "fp32" else torch.bfloat16)
+def loss_fn(name: str):
+    """(model, x, y) -> the training loss of model `name`."""
+    if name in zoo_hf.MODELS:
+        return zoo_hf.loss_fn(name)
+    return lambda model, x, y: F.cross_entropy(model(x), y)
+
+
+def parse_variant(v: str) -> tuple[str, torch.dtype | None, bool]:
+    """(policy, dtype, compiled) of ``policy[:dtype][+compiled]``."""
+    rest, plus, mode = v.partition("+")
+    policy, _, dtype = rest.partition(":")
+    if (policy != "fp32" and policy not in xla_amp.policies.names()) or plus and mode != "compiled":
+        raise SystemExit(f"unknown variant {v!r}: fp32 or a policy name ({', '.join(VARIANTS)}),"
+                         " then optionally :dtype and +compiled")
+    low = getattr(torch, dtype) if dtype else (None if policy == "fp32" else torch.bfloat16)
+    return policy, low, bool(plus)
 
 
 class Trainer:
     """One variant's model copy, optimizer and scaler; `step()` traces one
     training step and syncs (one graph)."""
 
-    def __init__(self, variant: str, cpu_model, x, y, dev, lr: float,
+    def __init__(self, variant: str, cpu_model, x, y, loss, dev, lr: float,
                  init_scale: float = 2.0**16):
-        self.policy, self.dtype = parse_variant(variant)
+        self.policy, self.dtype, compiled = parse_variant(variant)
         self.model = _copy(cpu_model).to(dev)
         self.x, self.y, self.dev = x.to(dev), y.to(dev), dev
+        self.loss = loss  # (model, x, y) -> loss: loss_fn(name)
         self.opt = xla_amp.syncfree.SGD(self.model.parameters(), lr=lr, momentum=0.9)
         self.scaler = xla_amp.GradScaler(init_scale=init_scale)
+        self.forward_loss = self._forward_loss
+        if compiled:
+            import torch._dynamo
+            torch._dynamo.reset()  # no guards or graphs of another variant's model
+            self.forward_loss = torch.compile(self._forward_loss, backend="openxla")
 
-    def trace(self) -> torch.Tensor:
-        self.opt.zero_grad()
+    def _forward_loss(self, x, y) -> torch.Tensor:
         with xla_amp.autocast(self.dev, enabled=self.policy != "fp32",
                               policy=None if self.policy == "fp32" else self.policy,
                               dtype=self.dtype):
-            loss = F.cross_entropy(self.model(self.x), self.y)
+            return self.loss(self.model, x, y)
+
+    def trace(self) -> torch.Tensor:
+        self.opt.zero_grad()
+        loss = self.forward_loss(self.x, self.y)
         self.scaler.scale(loss).backward()
         self.scaler.step(self.opt)
         self.scaler.update()
@@ -128,16 +155,16 @@ def _copy(model):
     return copy.deepcopy(model)
 
 
-def eager_bf16_deviation(cpu_model, x, y) -> float:
+def eager_bf16_deviation(cpu_model, x, y, loss) -> float:
     """|loss(bf16 autocast) - loss(fp32)| / loss(fp32) of PyTorch's own CPU
     autocast on the same weights and batch, eager on the CPU: how far bf16
     autocast moves this model's loss by itself (a deep net at random init
     moves by several percent)."""
     model = _copy(cpu_model).train()
     with torch.no_grad():
-        fp32 = F.cross_entropy(model(x), y).item()
+        fp32 = loss(model, x, y).item()
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            low = F.cross_entropy(model(x), y).item()
+            low = loss(model, x, y).item()
     return abs(low - fp32) / abs(fp32)
 
 
@@ -146,11 +173,12 @@ def check(name: str, variants: list[str], steps: int, batch: int, image: int, lr
     dev = torch_xla.device()
     cpu_model, x, y = build(name, batch, image)
     print(json.dumps({"model": name, "variant": "eager_cpu_bf16",
-                      "deviation": eager_bf16_deviation(cpu_model, x, y)}), flush=True)
+                      "deviation": eager_bf16_deviation(cpu_model, x, y, loss_fn(name))}),
+          flush=True)
     for variant in variants:
         row = {"model": name, "variant": variant}
         try:
-            trainer = Trainer(variant, cpu_model, x, y, dev, lr, init_scale)
+            trainer = Trainer(variant, cpu_model, x, y, loss_fn(name), dev, lr, init_scale)
             torch_xla.sync()
             losses, tally = [], Tally()  # XLA metric counts over the steps
             tally.measure(lambda: losses.append(trainer.step().detach()), steps)
@@ -175,7 +203,8 @@ def timed(names, rounds: int, steps: int, batch: int, image: int):
                      "converts in step HLO"]))
     for name in names:
         cpu_model, x, y = build(name, batch, image)
-        trainers = {v: Trainer(v, cpu_model, x, y, dev, lr=1e-3) for v in VARIANTS}
+        trainers = {v: Trainer(v, cpu_model, x, y, loss_fn(name), dev, lr=1e-3)
+                    for v in VARIANTS}
         converts = {v: t.converts() for v, t in trainers.items()}
         # warm-up: both graphs of each variant
         warm_up([t.step for t in trainers.values()], 3)

@@ -42,7 +42,7 @@ def device():
 # stops grouping (pytest-dev/pytest-xdist#1386; pinned in
 # tests/test_suite_scheduling.py). So `--dist loadgroup` here means
 # SuiteUnits below: xdist's scope scheduler with these units as scopes.
-LARGE_GRAPHS = {"test_zoo.py", "test_compiled_models.py"}
+LARGE_GRAPHS = {"test_zoo.py", "test_zoo_hf.py", "test_compiled_models.py"}
 SMALL_GRAPHS = {"test_launchers.py", "test_launcher_devices.py", "test_compiled_training.py",
                 "test_packaging.py", "test_distributed.py"}
 GROUP_ORDER = ("large-graphs", "small-graphs")

@@ -7,6 +7,8 @@ rest of the sweep, and `make zoo-large` DenseNet-121 (too slow to compile
 for CI): torchvision's ResNet-18/50, MobileNetV3-Small, EfficientNet-B0,
 ConvNeXt-Tiny, DenseNet-121, RegNetY-400MF, ShuffleNetV2-x0.5, ViT-B/16 and a
 transformer encoder layer, each under tpu, cuda and cpu (bfloat16).
+Hugging Face Transformers and timm models, lazy and compiled, are in
+tests/test_zoo_hf.py (`make zoo`), with these checks.
 
 The first step's loss is compared with fp32's within 1 %, or within 3x the deviation
 PyTorch's own eager bf16 autocast shows on the same model and batch where
@@ -60,23 +62,29 @@ def tolerance(rows):
     return max(0.01, 3.0 * rows["eager_cpu_bf16"]["deviation"])
 
 
-def assert_trains_like_fp32(rows, variants):
+def assert_trains_like_fp32(rows, variants, steps=1):
+    """The variants' first `steps` losses against fp32's, and their graph
+    executions and transfers per step. A ``+compiled`` variant's forward
+    runs as graphs of its own (4 executions a step, more where Dynamo breaks
+    the graph: docs/compiled.md); only its transfers are counted."""
     fp32 = rows["fp32"]
     tol = tolerance(rows)
     for v in ["fp32", *variants]:
         row = rows[v]
         assert "error" not in row, f"{row['model']} under {v}: {row['error']}"
-        assert row["executions_per_step"] == 1.0, row
+        if not v.endswith("+compiled"):
+            assert row["executions_per_step"] == 1.0, row
         assert row["transfers_per_step"] == 0.0, row
         assert all(math.isfinite(x) for x in row["losses"]), row
         # the first step's loss: same weights, same batch, so it measures the
         # policy's forward numerics. Later losses follow different updates and
-        # part ways chaotically (EfficientNet-B0's second-step loss went up in
-        # fp32 and down by half under the cpu rules).
-        got, want = row["losses"][0], fp32["losses"][0]
-        assert abs(got - want) <= tol * abs(want), (
-            f"{row['model']} under {v}: losses {row['losses']} vs fp32 {fp32['losses']} "
-            f"(tolerance {tol:.3f})")
+        # part ways chaotically in deep nets at random init (EfficientNet-B0's
+        # second-step loss went up in fp32 and down by half under the cpu
+        # rules); tests/test_zoo_hf.py compares more steps where they do not.
+        for got, want in zip(row["losses"][:steps], fp32["losses"][:steps]):
+            assert abs(got - want) <= tol * abs(want), (
+                f"{row['model']} under {v}: losses {row['losses']} vs fp32 {fp32['losses']} "
+                f"(tolerance {tol:.3f})")
 
 
 def _check(model, timeout=1500, one_process_each=False):
