@@ -8,7 +8,7 @@ SOURCES := $(wildcard csrc/*.cpp csrc/*/*.cpp csrc/*/*.h) setup.py pyproject.tom
 MAX_JOBS ?= 2
 export PJRT_DEVICE ?= CPU
 
-.PHONY: all venv build bazel wheel test integrations zoo zoo-large demo bench docs clean
+.PHONY: all venv build bazel wheel test integrations sharded zoo zoo-large demo bench docs clean
 
 all: test
 
@@ -82,6 +82,13 @@ test: build
 # kept out of `make test`, which is at its 10-minute budget). ~1 minute.
 integrations: build
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m integrations --durations=10 tests
+
+# Sharded mixed precision (xla_amp.sharded): FSDPv2 runs of a GPT-2 and a
+# ResNet on 2 and 4 virtual XLA:CPU devices (1-D and 2-D meshes), each in
+# its own process against the one-device run, and sharded checkpoints
+# restored in a fresh process (tests marked `sharded`).
+sharded: build
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m sharded --durations=10 tests
 
 # The model-zoo sweep: the torchvision models of tests/test_zoo.py under every
 # policy (make test runs a subset), one model at a time: RegNet-Y alone grows

@@ -83,7 +83,7 @@ def main(argv):
 
     import torchvision
 
-    devices = setup_devices(FLAGS.num_devices, FLAGS.device, FLAGS.spmd)
+    devices = setup_devices(FLAGS.num_devices, FLAGS.device, FLAGS.spmd, FLAGS.fsdp)
     def build_model():
         # one output to train on (PyTorch/XLA's launcher builds inception_v3 so too)
         aux = {"aux_logits": False} if FLAGS.model in ("inception_v3", "googlenet") else {}

@@ -59,7 +59,7 @@ def main(argv):
                   f"fewer than --batch_size={FLAGS.batch_size}", file=sys.stderr)
             return 2
 
-    devices = setup_devices(FLAGS.num_devices, FLAGS.device, FLAGS.spmd)
+    devices = setup_devices(FLAGS.num_devices, FLAGS.device, FLAGS.spmd, FLAGS.fsdp)
     eval_bs = FLAGS.eval_batch_size or FLAGS.batch_size
     if FLAGS.fake_data:
         train = data.FakeSource((1, 28, 28), 10, FLAGS.batch_size,

@@ -141,6 +141,7 @@ def test_mnist_malformed_datadir_names_path_and_layout(tmp_path, problem):
     ("train_mnist_amp.py", ["--noamp", "--precision", "bf16_master"], "--noamp is --precision fp32"),
     ("train_mnist_amp.py", ["--nosyncfree", "--precision", "bf16_sr"], "sync-free optimizers"),
     ("train_mnist_amp.py", ["--precision", "fp32", "--dtype", "bf16"], "--dtype applies to autocast only"),
+    ("train_mnist_amp.py", ["--fsdp"], "--fsdp shards over --num_devices devices"),
 ])
 def test_bad_flag_values_are_usage_errors(script, args, expect):
     proc = launch(script, *args)

@@ -14,6 +14,7 @@ The package, one concept per folder (docs/engine.md has the map):
     syncfree/   SGD / Adam / AdamW that skip on the device; bf16 weights
     numerics/   explain, watch_nonfinite, compare
     gpu/        XLA:GPU through JAX's CUDA PJRT plugin (use_cuda_plugin)
+    sharded/    FSDPv2 / SPMD: ShardedPrecision, shard_model, sharded checkpoints
     distributed.py   all-reduce with scaling
     _engine.py  the one door to the native engine (xla_amp._C)
 """
@@ -34,6 +35,7 @@ from xla_amp import syncfree
 from xla_amp.distributed import all_reduce_gradients, optimizer_step
 from xla_amp.policies import CATEGORIES, Policy
 from xla_amp import gpu
+from xla_amp import sharded
 
 _env_overrides.load_from_environment()
 _engine.install()
@@ -44,5 +46,5 @@ __all__ = ["autocast", "set_default_policy", "custom_fwd", "custom_bwd", "polici
            "CATEGORIES", "GradScaler", "syncfree", "all_reduce_gradients", "optimizer_step",
            "module_policies", "ModulePolicyHandle", "cast_module",
            "PrecisionReport", "explain", "watch_nonfinite", "NonfiniteWatch",
-           "compare", "ComparisonReport", "gpu"]
+           "compare", "ComparisonReport", "gpu", "sharded"]
 __version__ = "0.1.0"

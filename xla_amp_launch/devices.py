@@ -12,6 +12,7 @@ class Devices:
     mesh: object = None          # SPMD mesh over the data axis, or None
     count: int = 1
     hw: str = "?"
+    axis: str = "data"           # the mesh's axis ("fsdp" with --fsdp)
 
     def put(self, t):
         """A CPU batch tensor on the device; in SPMD mode sharded along its
@@ -21,16 +22,18 @@ class Devices:
             return t.to(self.device)
         import torch_xla.core.xla_model as xm
         import torch_xla.distributed.spmd as xs
-        spec = xs.ShardingSpec(self.mesh, ("data",) + (None,) * (t.dim() - 1))
+        spec = xs.ShardingSpec(self.mesh, (self.axis,) + (None,) * (t.dim() - 1))
         return xm.send_cpu_data_to_device([t], self.device, spec)[0]
 
 
-def setup_devices(num_devices: int, device: str = "auto", spmd: bool = False) -> Devices:
+def setup_devices(num_devices: int, device: str = "auto", spmd: bool = False,
+                  fsdp: bool = False) -> Devices:
     """Start the XLA runtime. ``device="gpu"``: XLA:GPU through
     xla_amp.gpu.use_cuda_plugin (SPMD mode). In SPMD mode (``spmd``, the
-    GPU, or ``num_devices > 1``) the batch is sharded over a one-axis
-    ("data") mesh of ``num_devices``. Must run before anything touches a
-    device."""
+    GPU, ``fsdp`` or ``num_devices > 1``) the batch is sharded over a
+    one-axis mesh of ``num_devices`` ("data"; "fsdp" with ``fsdp``, the
+    axis FSDPv2 shards parameters over). Must run before anything touches
+    a device."""
     if device == "gpu":
         import xla_amp.gpu
         try:
@@ -50,7 +53,7 @@ def setup_devices(num_devices: int, device: str = "auto", spmd: bool = False) ->
     import torch_xla.core.xla_model as xm
     import torch_xla.runtime as xr
 
-    if num_devices == 1 and not spmd:
+    if num_devices == 1 and not (spmd or fsdp):
         dev = torch_xla.device()
         return Devices(dev, None, 1, xm.xla_device_hw(dev))
     xr.use_spmd()
@@ -59,6 +62,7 @@ def setup_devices(num_devices: int, device: str = "auto", spmd: bool = False) ->
     if have != num_devices:
         raise SystemExit(f"error: --num_devices={num_devices} but the runtime has {have} "
                          "devices; SPMD data parallelism here spans all of them.")
-    mesh = xs.Mesh(np.arange(num_devices), (num_devices,), ("data",))
+    axis = "fsdp" if fsdp else "data"
+    mesh = xs.Mesh(np.arange(num_devices), (num_devices,), (axis,))
     dev = torch_xla.device()
-    return Devices(dev, mesh, num_devices, xm.xla_device_hw(dev))
+    return Devices(dev, mesh, num_devices, xm.xla_device_hw(dev), axis)

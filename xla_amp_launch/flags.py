@@ -73,6 +73,10 @@ def define_flags(*, batch_size: int, num_epochs: int, lr: float, optimizer: str 
                       "docs/gpu.md).")
     flags.DEFINE_bool("spmd", False, "Run in SPMD mode even on one device, as --device gpu "
                       "does (the batch is sharded over a mesh of --num_devices).")
+    flags.DEFINE_bool("fsdp", False, "Shard parameters, gradients and optimizer state over "
+                      "the --num_devices devices with PyTorch/XLA's FSDPv2 "
+                      "(xla_amp.sharded.shard_model), the batch over the same axis; "
+                      "--precision applies as on one device (docs/sharded.md).")
     flags.DEFINE_string("checkpoint", None, "Save a checkpoint to this file at the end of "
                         "each epoch, every --checkpoint_steps steps, and at the end.")
     flags.DEFINE_integer("checkpoint_steps", 0, "Also checkpoint every this many steps "
@@ -133,6 +137,11 @@ def define_flags(*, batch_size: int, num_epochs: int, lr: float, optimizer: str 
     flags.register_validator("module_policy", _module_policy_ok,
                              message="--module_policy: entries are key=policy, the policy a "
                                      "known name or fp32")
+    flags.register_multi_flags_validator(
+        ["fsdp", "num_devices", "spmd"],
+        lambda f: not f["fsdp"] or f["num_devices"] > 1 or f["spmd"],
+        message="--fsdp shards over --num_devices devices: give --num_devices N > 1 "
+                "(or --spmd for a mesh of one)")
     flags.register_multi_flags_validator(
         ["batch_size", "eval_batch_size", "num_devices"],
         lambda f: f["batch_size"] % f["num_devices"] == 0

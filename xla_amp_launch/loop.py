@@ -145,6 +145,9 @@ def setup(task: Task, devices: Devices) -> Run:
     model = task.build_model().to(dev)
     compat["precision"] = precision
     precision_mod.prepare(model, precision, FLAGS.module_policy)
+    if FLAGS.fsdp:  # sharded as cast: no second cast, the autocast below
+        compat["fsdp"] = True
+        model = xla_amp.sharded.shard_model(model, None, mesh=devices.mesh)
     optimizer = make_optimizer(model.named_parameters(), FLAGS.optimizer, FLAGS.syncfree,
                                FLAGS.lr, FLAGS.momentum, FLAGS.weight_decay,
                                **precision_mod.optimizer_options(precision))
@@ -202,7 +205,9 @@ def _print_header(run: Run) -> None:
                 + f"), {FLAGS.lr_schedule} lr"
                 + (f" after {FLAGS.warmup_steps} warm-up steps" if FLAGS.warmup_steps else ""))
     d = run.devices
-    par = f"{d.count} x {d.hw} (SPMD data parallel)" if d.count > 1 else f"1 x {d.hw}"
+    mode = "FSDPv2: parameters, gradients and state sharded" if FLAGS.fsdp \
+        else "SPMD data parallel"
+    par = f"{d.count} x {d.hw} ({mode})" if d.count > 1 else f"1 x {d.hw}"
     nparams = sum(p.numel() for p in run.model.parameters())
     print(f"data       {run.task.data_description}\n"
           f"model      {run.task.model_name}, {nparams:,} parameters\n"

@@ -3,8 +3,8 @@ XLA_USE_BF16 / XLA_DOWNCAST_BF16 switches, per model instead of per process.
 
     xla_amp.cast_module(model, torch.bfloat16, keep=(nn.LayerNorm,))
 
-Casts, in place, every floating parameter and floating buffer to `dtype`,
-except in modules that are instances of a `keep` class and everything inside
+Casts, in place, every floating parameter and floating buffer to `dtype`
+(buffers to `buffer_dtype` where given), except in modules that are instances of a `keep` class and everything inside
 them. Integer buffers (BatchNorm's num_batches_tracked) stay as they are.
 Parameters keep their identity (``param.data`` changes), so an optimizer
 built before the cast still holds them; build it after, as its state dtype
@@ -32,12 +32,18 @@ def _check(model, dtype, keep) -> tuple[type, ...]:
 
 
 def cast_module(model: nn.Module, dtype: torch.dtype = torch.bfloat16,
-                keep=()) -> nn.Module:
-    """Casts `model`'s floating parameters and buffers to `dtype` in place,
-    except inside modules of the `keep` classes; returns `model`. Call it
-    once, after moving the model to its device and before building the
-    optimizer."""
+                keep=(), buffer_dtype: torch.dtype | None = None) -> nn.Module:
+    """Casts `model`'s floating parameters to `dtype` and its floating
+    buffers to `buffer_dtype` (``None``: `dtype`) in place, except inside
+    modules of the `keep` classes; returns `model`. Call it once, after
+    moving the model to its device and before building the optimizer. A
+    sharded parameter (SPMD) keeps its sharding."""
     keep = _check(model, dtype, keep)
+    if buffer_dtype is None:
+        buffer_dtype = dtype
+    elif not (isinstance(buffer_dtype, torch.dtype) and buffer_dtype.is_floating_point):
+        raise ValueError("cast_module: buffer_dtype must be a floating torch.dtype or None, "
+                         f"got {buffer_dtype!r}")
     kept: set[int] = set()
     for module in model.modules():  # parents come before their children
         if id(module) in kept or isinstance(module, keep):
@@ -50,6 +56,6 @@ def cast_module(model: nn.Module, dtype: torch.dtype = torch.bfloat16,
                 if p.grad is not None:
                     p.grad = p.grad.to(dtype)
         for name, b in module.named_buffers(recurse=False):
-            if b is not None and b.is_floating_point() and b.dtype != dtype:
-                setattr(module, name, b.to(dtype))
+            if b is not None and b.is_floating_point() and b.dtype != buffer_dtype:
+                setattr(module, name, b.to(buffer_dtype))
     return model

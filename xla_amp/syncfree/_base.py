@@ -35,7 +35,7 @@ import torch
 import torch.optim.optimizer as _torch_optimizer
 
 from xla_amp import _engine
-from xla_amp.syncfree import _fused, _low_precision
+from xla_amp.syncfree import _fused, _low_precision, _sharding
 from xla_amp.syncfree._scalars import DeviceScalars, Skip as _Skip
 from xla_amp.syncfree._state_dict import TorchOptimStateDict
 
@@ -196,10 +196,12 @@ class SyncFreeOptimizer(DeviceScalars, TorchOptimStateDict, torch.optim.Optimize
         skip = _Skip(found_inf, device)
         lineage = self._lineage
         for gi, group, params, grads, fused in work:
+            fresh = [p for p in params if not self.state.get(p)]
             if _low_precision.applies(group, params):  # bf16 params, master or SR
                 fused = _low_precision.step(self, gi, group, skip, params, grads)
             else:
                 self._update_group(gi, group, skip, params, grads, fused)
+            _sharding.follow_all(fresh, self.state)  # SPMD: state sharded as its parameter
             if fused:  # the op advanced their counters: forget the lineages
                 for p in params:  # (unknown history is always safe)
                     lineage.pop(p, None)

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from xla_amp.syncfree import _low_precision, _state_check
+from xla_amp.syncfree import _low_precision, _sharding, _state_check
 
 
 class TorchOptimStateDict:
@@ -62,6 +62,7 @@ class TorchOptimStateDict:
             group.update(want)  # (with the keys an older dict lacks)
         for idx, (p, keeps) in kept.items():
             self.state[p] = _state_check.converted(keeps, p, state_dict["state"][idx])
+            _sharding.follow(p, self.state[p])  # SPMD: sharded as its parameter
         self._lineage.clear()
         self._loaded_lineages: dict[Any, int] = {}  # loaded counter value -> lineage
         for p, st in list(self.state.items()):

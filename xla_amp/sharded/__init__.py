@@ -1,0 +1,19 @@
+"""Mixed precision for sharded models: PyTorch/XLA's SPMD engine (FSDPv2,
+``mark_sharding`` meshes) with the precision choices of one device.
+
+    import torch_xla.runtime as xr; xr.use_spmd()
+    from xla_amp import sharded, syncfree
+    precision = sharded.ShardedPrecision.bf16_master()
+    model = sharded.shard_model(model, precision, mesh=mesh)          # FSDPv2
+    optimizer = syncfree.AdamW(model.parameters(), lr=1e-4, **precision.optimizer_options())
+    sharded.check_sharding(optimizer)            # after a step: state sharded as its param
+    sharded.save(path, model=model, optimizer=optimizer, scaler=scaler)
+
+docs/sharded.md has the recipes (FSDPv2, a hand-sharded model, a TPU pod).
+"""
+from xla_amp.sharded._precision import ShardedPrecision
+from xla_amp.sharded._model import shard_model
+from xla_amp.sharded._state import check_sharding
+from xla_amp.sharded._checkpoint import load, save
+
+__all__ = ["ShardedPrecision", "shard_model", "check_sharding", "save", "load"]
