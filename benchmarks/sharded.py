@@ -102,7 +102,7 @@ def main(argv=None) -> None:
     ap.add_argument("--devices", default="1,2,4",
                     help="--check: N; benchmark: the Ns, comma-separated")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=None, help="default: the model's (workload.LR)")
     ap.add_argument("--inject", type=int, default=0)
     ap.add_argument("--save-at", type=int, default=0)
     ap.add_argument("--ckpt", default="")

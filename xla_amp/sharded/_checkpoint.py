@@ -52,17 +52,47 @@ def _settle() -> None:
     xm.wait_device_ops()
 
 
+def _save_planner():
+    """PyTorch/XLA's SPMDSavePlanner, writing each chunk once.
+
+    Upstream defect (torch_xla 2.9, pinned in tests/test_sharded_api.py): a
+    tensor replicated over one mesh axis and sharded over another (FSDPv2
+    with ``extra_data_axis``: parameters sharded over ``fsdp``, replicated
+    over ``data``) gets one write item per local shard, replicas included;
+    the overlapping chunks fail the global plan's validation and the
+    checkpoint is written without any sharded tensor, with no error. Here
+    a chunk already planned (same tensor, same offsets) is not planned
+    again; loading fills every replica from it."""
+    import dataclasses
+    from torch.distributed.checkpoint.planner import WriteItemType
+    from torch_xla.experimental.distributed_checkpoint import SPMDSavePlanner
+
+    class OncePerChunk(SPMDSavePlanner):
+        def create_local_plan(self):
+            plan = super().create_local_plan()
+            seen, items = set(), []
+            for item in plan.items:
+                if item.type == WriteItemType.SHARD:
+                    key = (item.index.fqn, tuple(item.index.offset))
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                items.append(item)
+            return dataclasses.replace(plan, items=items)
+
+    return OncePerChunk()
+
+
 def save(path: str | os.PathLike, *, model, optimizer=None, scaler=None) -> None:
     """Write `model`'s, `optimizer`'s and `scaler`'s state to the directory
     `path` (made if missing), each sharded tensor as its shards. Call
     between steps, after ``scaler.update()``."""
     import torch.distributed.checkpoint as dcp
-    from torch_xla.experimental.distributed_checkpoint import SPMDSavePlanner
     objects = _objects(model, optimizer, scaler, "xla_amp.sharded.save")
     _settle()
     state = {k: v.state_dict() for k, v in objects.items()}
     dcp.save(state, storage_writer=dcp.FileSystemWriter(os.fspath(path)),
-             planner=SPMDSavePlanner(), **_distributed())
+             planner=_save_planner(), **_distributed())
 
 
 def _make_state(optimizer) -> None:
