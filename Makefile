@@ -119,6 +119,7 @@ bench: build
 	$(PY) benchmarks/peers.py
 	$(PY) benchmarks/zoo.py
 	$(PY) benchmarks/integrations.py
+	$(PY) benchmarks/sharded.py
 
 clean:
 	rm -rf build dist xla_amp/_C*.so xla_amp/_build_info.py xla_amp/.built *.egg-info

@@ -27,6 +27,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -132,7 +133,10 @@ def main(argv=None) -> None:
         cmd = [sys.executable, __file__, "--worker", "--model", args.model, "--mesh", mesh,
                "--devices", str(n), "--rounds", str(args.rounds)]
         env = dict(os.environ, PJRT_DEVICE="CPU", **sharded_bytes.worker_env())
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+        finally:  # the dumps: 100-160 MB per N
+            shutil.rmtree(env["XLA_AMP_BENCH_DUMP"], ignore_errors=True)
         if done.returncode:
             sys.exit(f"N={n} failed:\n{done.stderr[-3000:]}")
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
