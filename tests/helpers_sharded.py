@@ -36,16 +36,35 @@ def reference(model: str, mode: str) -> dict:
     return run(model, "none", 1, mode)
 
 
-def assert_sharded_run(got: dict, ref: dict, tol: float = 0.01) -> None:
-    """Loss within `tol` of one device's at every step; the overflow on one
-    shard skipped the step everywhere (every parameter and state tensor
-    bit-identical, the scale halved); 1 execution, 0 transfers and 0
-    compilations per step; every state tensor sharded as its parameter."""
+def tolerances(ref: dict, fp32: dict) -> list[float]:
+    """Per step: 1 %, or twice the largest deviation bf16 itself has shown
+    from fp32 on one device up to that step, if that is more. Sharding
+    rounds differently in bf16 (XLA's partitioner splits contractions and
+    sums their bf16 partial results), and at random init a ResNet turns any
+    rounding difference into a loss that wanders: measured over 20 steps,
+    its one-device bf16 run moved 1.2 % away from fp32 and the 4-device run
+    1.2 % away from the one-device run, while fp32 sharded stayed within
+    0.014 % of fp32 on one device. A broken step (a wrong dtype, a lost
+    update, a skipped shard) moves it by far more."""
+    out, worst = [], 0.0
+    for a, b in zip(ref["losses"], fp32["losses"]):
+        worst = max(worst, abs(a - b) / abs(b))
+        out.append(max(0.01, 2.0 * worst))
+    return out
+
+
+def assert_sharded_run(got: dict, ref: dict, fp32: dict) -> None:
+    """Loss within :func:`tolerances` of one device's at every step; the
+    overflow on one shard skipped the step everywhere (every parameter and
+    state tensor bit-identical, the scale halved); 1 execution, 0 transfers
+    and 0 compilations per step; every state tensor sharded as its
+    parameter."""
     label = f"{got['model']} {got['mode']} on {got['mesh']} x{got['devices']}"
     assert len(got["losses"]) == len(ref["losses"]) == STEPS, label
-    for k, (a, b) in enumerate(zip(got["losses"], ref["losses"]), 1):
+    for k, (a, b, tol) in enumerate(zip(got["losses"], ref["losses"], tolerances(ref, fp32)), 1):
         assert abs(a - b) <= tol * abs(b), (
-            f"{label}: step {k} loss {a} vs one device {b}\n{got['losses']}\n{ref['losses']}")
+            f"{label}: step {k} loss {a} vs one device {b} (tolerance {tol:.4f})"
+            f"\n{got['losses']}\n{ref['losses']}")
     inj = got["inject"]
     assert inj["identical"] and inj["tensors"] > 0, (label, inj)
     assert inj["scale_after"] == inj["scale_before"] / 2, (label, inj)

@@ -12,4 +12,5 @@ pytestmark = pytest.mark.sharded
 @pytest.mark.parametrize("mode,mesh,devices", [("master", "2d", 4), ("sr", "1d", 2),
                                                ("amp", "1d", 4)])
 def test_resnet_trains_sharded_like_one_device(mode, mesh, devices):
-    assert_sharded_run(run("resnet", mesh, devices, mode), reference("resnet", mode))
+    assert_sharded_run(run("resnet", mesh, devices, mode), reference("resnet", mode),
+                       reference("resnet", "fp32"))

@@ -9,6 +9,8 @@
     sharded.check_sharding(optimizer)            # after a step: state sharded as its param
     sharded.save(path, model=model, optimizer=optimizer, scaler=scaler)
 
+``ShardedPrecision.cast`` (called by ``shard_model``) also gives the modules
+that compute weight gradients a backward in ``reduce_dtype`` (_reduce.py).
 docs/sharded.md has the recipes (FSDPv2, a hand-sharded model, a TPU pod).
 """
 from xla_amp.sharded._precision import ShardedPrecision

@@ -41,6 +41,9 @@ class ShardedPrecision:
     compute_dtype:       autocast dtype of the forward; ``None``: no autocast.
     policy:              autocast rules (a name); ``None``: the device's.
     buffer_dtype:        floating buffers; ``None``: as ``param_dtype``.
+    reduce_dtype:        dtype in which gradients are summed across the
+                         mesh (``_reduce.py``); ``None``: float32 when the
+                         parameters or the compute are below float32.
     master_weights, stochastic_rounding, state_dtype:
                          the ``xla_amp.syncfree`` options for parameters
                          below float32 (``optimizer_options()``); refused
@@ -54,6 +57,7 @@ class ShardedPrecision:
     compute_dtype: torch.dtype | None = None
     policy: str | None = None
     buffer_dtype: torch.dtype | None = None
+    reduce_dtype: torch.dtype | None = None
     master_weights: bool = False
     stochastic_rounding: bool = False
     state_dtype: torch.dtype | None = None
@@ -64,7 +68,7 @@ class ShardedPrecision:
         if not _is_float_dtype(self.param_dtype):
             raise ValueError(f"{name}: param_dtype must be a floating torch.dtype, "
                              f"got {self.param_dtype!r}")
-        for key in ("compute_dtype", "buffer_dtype"):
+        for key in ("compute_dtype", "buffer_dtype", "reduce_dtype"):
             v = getattr(self, key)
             if v is not None and not _is_float_dtype(v):
                 raise ValueError(f"{name}: {key} must be a floating torch.dtype or None, got {v!r}")
@@ -79,6 +83,10 @@ class ShardedPrecision:
             if self.policy not in policies.names():
                 raise ValueError(f"{name}: unknown policy {self.policy!r}; "
                                  f"known: {', '.join(policies.names())}")
+        computed = self.compute_dtype or self.param_dtype
+        if self.reduce_dtype not in (None, torch.float32, computed):
+            raise ValueError(f"{name}: reduce_dtype={self.reduce_dtype}: gradients are computed "
+                             f"in {computed}; they can be summed in {computed} or torch.float32")
         _low_precision.options(name, self.master_weights, self.stochastic_rounding,
                                self.state_dtype)
         if (self.master_weights or self.stochastic_rounding) and self.param_dtype not in _LOW:
@@ -116,15 +124,40 @@ class ShardedPrecision:
         return cls(param_dtype=torch.bfloat16, compute_dtype=torch.bfloat16,
                    stochastic_rounding=True, state_dtype=state_dtype, **kwargs)
 
+    @property
+    def summed_in(self) -> torch.dtype | None:
+        """The dtype gradients are summed in across the mesh when it is not
+        the one they are computed in: ``reduce_dtype``, else float32 when
+        parameters or compute are below float32; None: as computed."""
+        if self.reduce_dtype is not None:
+            return self.reduce_dtype if self.reduce_dtype == torch.float32 else None
+        low = self.param_dtype in _LOW or self.compute_dtype is not None
+        return torch.float32 if low else None
+
     # -- applying it --------------------------------------------------------
 
     def cast(self, model: nn.Module) -> nn.Module:
         """Parameters to ``param_dtype`` and buffers to ``buffer_dtype`` in
         place (``xla_amp.cast_module``), before or after sharding: a sharded
-        parameter keeps its sharding. Returns `model`."""
+        parameter keeps its sharding; and, when gradients are to be summed
+        in float32 (:attr:`summed_in`), the modules that compute weight
+        gradients get a backward that computes them in float32
+        (``_reduce.py``; a warning names parameters it does not cover).
+        Returns `model`."""
         from xla_amp.precision import cast_module
-        return cast_module(model, self.param_dtype, keep=self.keep,
-                           buffer_dtype=self.buffer_dtype or self.param_dtype)
+        from xla_amp.sharded import _reduce
+        cast_module(model, self.param_dtype, keep=self.keep,
+                    buffer_dtype=self.buffer_dtype or self.param_dtype)
+        if self.summed_in is not None:
+            missed = _reduce.install(model, self.summed_in)
+            if missed:
+                import warnings
+                shown = ", ".join(missed[:8]) + (f" and {len(missed) - 8} more"
+                                                 if len(missed) > 8 else "")
+                warnings.warn(f"ShardedPrecision: gradients of {shown} are summed in the dtype "
+                              f"they are computed in, not {self.summed_in} (modules "
+                              "xla_amp.sharded does not cover)", stacklevel=2)
+        return model
 
     def autocast(self, device):
         """The forward's region: ``xla_amp.autocast`` with ``compute_dtype``
