@@ -145,9 +145,9 @@ def setup(task: Task, devices: Devices) -> Run:
     model = task.build_model().to(dev)
     compat["precision"] = precision
     precision_mod.prepare(model, precision, FLAGS.module_policy)
-    if FLAGS.fsdp:  # sharded as cast: no second cast, the autocast below
+    if FLAGS.fsdp:
         compat["fsdp"] = True
-        model = xla_amp.sharded.shard_model(model, None, mesh=devices.mesh)
+        model = precision_mod.shard(model, precision, devices.mesh)
     optimizer = make_optimizer(model.named_parameters(), FLAGS.optimizer, FLAGS.syncfree,
                                FLAGS.lr, FLAGS.momentum, FLAGS.weight_decay,
                                **precision_mod.optimizer_options(precision))

@@ -53,3 +53,17 @@ def prepare(model, precision: str, module_policy: str | None):
             if cls in present:
                 rules.setdefault(cls, "fp32")
     return xla_amp.module_policies(model, rules) if rules else None
+
+
+def shard(model, precision: str, mesh):
+    """--fsdp: FSDPv2 over `mesh` for the model as :func:`prepare` cast it
+    (norm layers kept in float32); below float32 its weight gradients are
+    summed across the mesh in float32, ShardedPrecision's default
+    (docs/sharded.md). Autocast stays the loop's own region."""
+    import torch
+    from xla_amp import sharded
+    low = precision != "fp32"
+    spec = sharded.ShardedPrecision(
+        param_dtype=torch.bfloat16 if precision.startswith("bf16") else torch.float32,
+        reduce_dtype=torch.float32 if low else None, keep=_norm_classes())
+    return sharded.shard_model(model, spec, mesh=mesh)
