@@ -123,8 +123,8 @@ def test_state_follows_parameter_sharding_when_made_and_loaded():
     # unsharded before the step ran, and every loaded tensor replicated
     assert out["fresh"] == [] and out["after_step"] == [] and out["after_load"] == [], out
     assert out["check"].startswith("check_sharding: state not sharded as its parameter")
-    assert "parameter 0: state 'exp_avg' is unsharded, the parameter {devices=[2,1]0,1}" \
-        in out["check"]
+    assert ("parameter 0 of param group 0: state 'exp_avg' is unsharded, the parameter "
+            "{devices=[2,1]0,1}") in out["check"]
 
 
 @pytest.mark.sharded  # a 4-device subprocess: make sharded

@@ -19,16 +19,22 @@ import torch
 from torch import nn
 
 
+def keep_classes(keep, who: str) -> tuple[type, ...]:
+    """`keep` (a class or a collection of them) as a tuple of nn.Module
+    classes; ValueError naming the first entry that is not one."""
+    keep = tuple(keep) if isinstance(keep, (tuple, list, set, frozenset)) else (keep,)
+    for cls in keep:
+        if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+            raise ValueError(f"{who}: keep entry {cls!r} is not an nn.Module subclass")
+    return keep
+
+
 def _check(model, dtype, keep) -> tuple[type, ...]:
     if not isinstance(model, nn.Module):
         raise TypeError(f"cast_module: expected an nn.Module, got {type(model).__name__}")
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise ValueError(f"cast_module: dtype must be a floating torch.dtype, got {dtype!r}")
-    keep = tuple(keep) if isinstance(keep, (tuple, list, set, frozenset)) else (keep,)
-    for cls in keep:
-        if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-            raise ValueError(f"cast_module: keep entry {cls!r} is not an nn.Module subclass")
-    return keep
+    return keep_classes(keep, "cast_module")
 
 
 def cast_module(model: nn.Module, dtype: torch.dtype = torch.bfloat16,

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from xla_amp._param_walk import check_optimizer
+
 _KEYS = ("model", "optimizer", "scaler")
 
 
@@ -32,9 +34,8 @@ def _objects(model, optimizer, scaler, name) -> dict[str, Any]:
     from torch import nn
     if not isinstance(model, nn.Module):
         raise TypeError(f"{name}: model must be an nn.Module, got {type(model).__name__}")
-    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"{name}: optimizer must be a torch.optim.Optimizer or None, "
-                        f"got {type(optimizer).__name__}")
+    if optimizer is not None:
+        check_optimizer(optimizer, name)
     if scaler is not None and not hasattr(scaler, "state_dict"):
         raise TypeError(f"{name}: scaler must be a GradScaler or None, got {type(scaler).__name__}")
     return {k: v for k, v in zip(_KEYS, (model, optimizer, scaler)) if v is not None}

@@ -17,6 +17,7 @@ sharding (``xla_amp.syncfree``).
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from torch import nn
@@ -30,6 +31,7 @@ def _fsdpv2():
     return SpmdFullyShardedDataParallel
 
 
+@functools.cache
 def _wrapper_class():
     base = _fsdpv2()
 
@@ -49,9 +51,6 @@ def _wrapper_class():
                 return super().forward(*args, **kwargs)
 
     return PrecisionFSDPv2
-
-
-_CLASS = None
 
 
 def _checked(model, precision, mesh):
@@ -90,11 +89,8 @@ def shard_model(model: nn.Module, precision: ShardedPrecision | None = None, *,
     dtypes as they are (cast it yourself), no autocast of its own. Call
     once, in SPMD mode, before building the optimizer. Everything is checked
     before the model changes."""
-    global _CLASS
     mesh = _checked(model, precision, mesh)
     model = model.to("xla")
     if precision is not None:
         precision.cast(model)
-    if _CLASS is None:
-        _CLASS = _wrapper_class()
-    return _CLASS(model, precision, mesh=mesh, **fsdp_kwargs)
+    return _wrapper_class()(model, precision, mesh=mesh, **fsdp_kwargs)

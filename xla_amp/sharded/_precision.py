@@ -24,6 +24,7 @@ import dataclasses
 import torch
 from torch import nn
 
+from xla_amp.precision._cast_module import keep_classes
 from xla_amp.syncfree import _low_precision
 
 _LOW = (torch.bfloat16, torch.float16)
@@ -96,12 +97,7 @@ class ShardedPrecision:
         if self.stochastic_rounding and self.param_dtype != torch.bfloat16:
             raise ValueError(f"{name}: stochastic_rounding rounds to bfloat16; param_dtype is "
                              f"{self.param_dtype}")
-        keep = tuple(self.keep) if isinstance(self.keep, (tuple, list, set, frozenset)) \
-            else (self.keep,)
-        for cls in keep:
-            if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-                raise ValueError(f"{name}: keep entry {cls!r} is not an nn.Module subclass")
-        object.__setattr__(self, "keep", keep)
+        object.__setattr__(self, "keep", keep_classes(self.keep, name))
 
     # -- presets ------------------------------------------------------------
 

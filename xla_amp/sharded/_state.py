@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from xla_amp._param_walk import check_optimizer
 from xla_amp.syncfree import _sharding
 
 
@@ -13,9 +14,7 @@ def check_sharding(optimizer: torch.optim.Optimizer) -> None:
     whose XLA sharding is not its parameter's (a replicated master or
     moment next to a sharded parameter costs N times its shard's memory).
     Call between steps, after the first step made the state."""
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"check_sharding: expected a torch.optim.Optimizer, "
-                        f"got {type(optimizer).__name__}")
+    check_optimizer(optimizer, "check_sharding")
     bad = _sharding.mismatches(optimizer)
     if bad:
         raise ValueError("check_sharding: state not sharded as its parameter:\n  "

@@ -18,6 +18,8 @@ from typing import Any, Iterable
 
 import torch
 
+from xla_amp._param_walk import where
+
 
 def _xlac():
     import torch_xla
@@ -30,6 +32,11 @@ def spec(t: torch.Tensor) -> str:
     return _xlac()._get_xla_sharding_spec(t) if t.device.type == "xla" else ""
 
 
+def _like(p: torch.Tensor, v) -> bool:
+    """Whether state entry `v` is a tensor of `p`'s shape (not a 0-dim count)."""
+    return isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape == p.shape
+
+
 def follow(p: torch.Tensor, state: dict[str, Any]) -> None:
     """Give every tensor in `state` of `p`'s shape `p`'s sharding; nothing
     when `p` has none (a model that is not sharded)."""
@@ -39,8 +46,7 @@ def follow(p: torch.Tensor, state: dict[str, Any]) -> None:
     xlac = _xlac()
     sharding = None
     for v in state.values():
-        if (isinstance(v, torch.Tensor) and v.device == p.device and v.shape == p.shape
-                and v.dim() > 0 and spec(v) != want):
+        if _like(p, v) and v.device == p.device and spec(v) != want:
             if sharding is None:
                 sharding = xlac._get_xla_op_sharding(p)
             if spec(v):
@@ -58,16 +64,14 @@ def follow_all(params: Iterable[torch.Tensor], state: dict) -> None:
 
 def mismatches(optimizer: torch.optim.Optimizer) -> list[str]:
     """Each state tensor of a parameter's shape whose sharding differs from
-    its parameter's, as 'param group g, parameter i: state 'k' is S, the
-    parameter P'; empty when all follow."""
+    its parameter's, as "parameter i of param group g: state 'k' is S, the
+    parameter P"; empty when all follow."""
     out = []
     for gi, group in enumerate(optimizer.param_groups):
         for pi, p in enumerate(group["params"]):
             want = spec(p)
             for key, v in optimizer.state.get(p, {}).items():
-                if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape == p.shape:
-                    got = spec(v)
-                    if got != want:
-                        out.append(f"param group {gi}, parameter {pi}: state {key!r} is "
-                                   f"{got or 'unsharded'}, the parameter {want or 'unsharded'}")
+                if _like(p, v) and spec(v) != want:
+                    out.append(f"{where(gi, pi)}: state {key!r} is {spec(v) or 'unsharded'}, "
+                               f"the parameter {want or 'unsharded'}")
     return out
