@@ -27,13 +27,27 @@ MNIST_TINY = ["--batch_size", 32, "--num_epochs", 2, "--eval_batch_size", 120,
               "--log_steps", 4]
 
 
-def launch(script, *args, timeout=400, **env_vars):
+def launch_env(**env_vars) -> dict:
     env = {**os.environ, "PJRT_DEVICE": "CPU", "XLA_FLAGS": FAST_COMPILE, **env_vars}
     env.pop("CPU_NUM_DEVICES", None)
     env.pop("XLA_USE_BF16", None)
-    return subprocess.run([sys.executable, os.path.join(SCRIPTS, script), "--noprogress",
-                           *map(str, args)], capture_output=True, text=True, env=env,
-                          timeout=timeout, cwd=ROOT)
+    return env
+
+
+def command(script, *args) -> list:
+    return [sys.executable, os.path.join(SCRIPTS, script), "--noprogress", *map(str, args)]
+
+
+def launch(script, *args, timeout=400, **env_vars):
+    return subprocess.run(command(script, *args), capture_output=True, text=True,
+                          env=launch_env(**env_vars), timeout=timeout, cwd=ROOT)
+
+
+def start(script, *args, **env_vars) -> subprocess.Popen:
+    """The launcher as a running process (stdout and stderr to pipes, text)."""
+    return subprocess.Popen(command(script, *args), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=launch_env(**env_vars),
+                            cwd=ROOT)
 
 
 def summary(proc, key):

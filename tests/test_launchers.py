@@ -37,14 +37,14 @@ def test_mnist_resume_equals_uninterrupted_run(tmp_path):
                       "--logdir", logdir)
     assert straight.returncode == 0, straight.stderr[-3000:]
 
-    sb, sc = (torch.load(p, weights_only=False) for p in (b, c))
+    sb, sc = (torch.load(p, weights_only=True) for p in (b, c))
     assert sc["position"] == {"epoch": 1, "step": 50 - 44, "global_step": 50}
     assert_same(sb["position"], sc["position"], "position")
     assert_same(sb["model"], sc["model"], "model")
     assert_same(sb["optimizer"], sc["optimizer"], "optimizer")
     assert_same(sb["scaler"], sc["scaler"], "scaler")
     assert sc["scaler"]["scale"] == 65536.0
-    sa = torch.load(a, weights_only=False)
+    sa = torch.load(a, weights_only=True)
     assert not all(torch.equal(sa["model"][k], sc["model"][k]) for k in sc["model"])
 
     # the summary: accuracy, throughput, and one graph per step without host syncs
@@ -345,7 +345,7 @@ def test_imagenet_image_folder_run(tmp_path):
     assert "(6 images)" in summary(proc, "accuracy")
     assert "3 steps" in summary(proc, "throughput")
     assert "1.00 graph executions/step" in summary(proc, "XLA")
-    ck = torch.load(tmp_path / "ck.pt", weights_only=False)
+    ck = torch.load(tmp_path / "ck.pt", weights_only=True)
     assert ck["position"] == {"epoch": 1, "step": 0, "global_step": 3}
     assert ck["model"]["fc.weight"].shape == (2, 512)
 

@@ -87,7 +87,8 @@ def test_no_file_over_400_lines():
 PUBLIC = ["autocast", "set_default_policy", "custom_fwd", "custom_bwd", "policies", "Policy",
           "CATEGORIES", "GradScaler", "syncfree", "all_reduce_gradients", "optimizer_step",
           "module_policies", "ModulePolicyHandle", "cast_module", "PrecisionReport", "explain",
-          "watch_nonfinite", "NonfiniteWatch", "compare", "ComparisonReport", "gpu", "sharded"]
+          "watch_nonfinite", "NonfiniteWatch", "compare", "ComparisonReport", "gpu", "sharded",
+          "checkpoint"]
 
 
 @pytest.mark.parametrize("path,names", [
@@ -101,6 +102,8 @@ PUBLIC = ["autocast", "set_default_policy", "custom_fwd", "custom_bwd", "policie
     ("xla_amp.distributed", ["all_reduce_gradients", "optimizer_step"]),
     ("xla_amp.gpu", ["use_cuda_plugin", "CudaPluginError", "CudaSetup"]),
     ("xla_amp.sharded", ["ShardedPrecision", "shard_model", "check_sharding", "save", "load"]),
+    ("xla_amp.checkpoint", ["save", "load", "restore", "CheckpointLock", "preemption_guard",
+                            "CheckpointError", "EXIT_PREEMPTED", "training_record"]),
     # these import their framework: run by make integrations
     *[pytest.param(path, names, marks=pytest.mark.integrations) for path, names in [
         ("xla_amp.integrations.lightning", ["XLAAMPPrecision"]),

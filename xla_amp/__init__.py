@@ -15,6 +15,8 @@ The package, one concept per folder (docs/engine.md has the map):
     numerics/   explain, watch_nonfinite, compare
     gpu/        XLA:GPU through JAX's CUDA PJRT plugin (use_cuda_plugin)
     sharded/    FSDPv2 / SPMD: ShardedPrecision, shard_model, sharded checkpoints
+    checkpoint/ checkpoints that survive: atomic, locked, data-only, preemption,
+                precision-mode conversion on resume
     distributed.py   all-reduce with scaling
     _engine.py  the one door to the native engine (xla_amp._C)
 """
@@ -36,6 +38,7 @@ from xla_amp.distributed import all_reduce_gradients, optimizer_step
 from xla_amp.policies import CATEGORIES, Policy
 from xla_amp import gpu
 from xla_amp import sharded
+from xla_amp import checkpoint
 
 _env_overrides.load_from_environment()
 _engine.install()
@@ -46,5 +49,5 @@ __all__ = ["autocast", "set_default_policy", "custom_fwd", "custom_bwd", "polici
            "CATEGORIES", "GradScaler", "syncfree", "all_reduce_gradients", "optimizer_step",
            "module_policies", "ModulePolicyHandle", "cast_module",
            "PrecisionReport", "explain", "watch_nonfinite", "NonfiniteWatch",
-           "compare", "ComparisonReport", "gpu", "sharded"]
+           "compare", "ComparisonReport", "gpu", "sharded", "checkpoint"]
 __version__ = "0.1.0"

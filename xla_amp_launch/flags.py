@@ -78,11 +78,24 @@ def define_flags(*, batch_size: int, num_epochs: int, lr: float, optimizer: str 
                       "(xla_amp.sharded.shard_model), the batch over the same axis; "
                       "--precision applies as on one device (docs/sharded.md).")
     flags.DEFINE_string("checkpoint", None, "Save a checkpoint to this file at the end of "
-                        "each epoch, every --checkpoint_steps steps, and at the end.")
+                        "each epoch, every --checkpoint_steps steps, at the end, and when "
+                        "SIGTERM/SIGINT arrives (after the step in flight; exit status 75). "
+                        "Written atomically; the path is locked for the whole run (a second "
+                        "run on it is refused, exit status 73); a failed write ends the run "
+                        "with one line and exit status 74, the previous file intact.")
+    flags.DEFINE_bool("auto_resume", False, "Resume from the --checkpoint file if it exists, "
+                      "otherwise start fresh: one command line for the first start and every "
+                      "restart (docs/launchers.md, preemptible VMs).")
+    flags.DEFINE_integer("keep_checkpoints", 1, "Keep this many checkpoints: the newest at "
+                         "--checkpoint, older ones at --checkpoint.1, .2, ...", lower_bound=1)
+    flags.DEFINE_bool("resume_allow_rounding", False, "On a resume into bf16 weights without "
+                      "a master copy (--precision bf16 / bf16_sr) from float32 values, round "
+                      "them to nearest instead of refusing (docs/precision_modes.md).")
     flags.DEFINE_integer("checkpoint_steps", 0, "Also checkpoint every this many steps "
                          "(0: only at epoch ends and at the end).", lower_bound=0)
     flags.DEFINE_string("resume", None, "Resume from this checkpoint file: model, optimizer, "
-                        "scaler and data position.")
+                        "scaler and data position, converted to this run's --precision where "
+                        "that is exact (refused in one line otherwise). Read as data only.")
     flags.DEFINE_float("target_accuracy", None, "Exit with status 1 unless the final "
                        "held-out accuracy (percent) reaches this.",
                        lower_bound=0.0, upper_bound=100.0)
@@ -115,7 +128,18 @@ def define_flags(*, batch_size: int, num_epochs: int, lr: float, optimizer: str 
                       "(markdown, JSON, TensorBoard text); printed without --logdir.")
 
     flags.register_validator("resume", lambda p: p is None or os.path.isfile(p),
-                             message="--resume must name an existing checkpoint file")
+                             message="--resume must name an existing checkpoint file "
+                                     "(--auto_resume starts fresh when --checkpoint's file "
+                                     "is not there yet)")
+    flags.register_multi_flags_validator(
+        ["auto_resume", "checkpoint", "resume"],
+        lambda f: not f["auto_resume"] or (f["checkpoint"] and not f["resume"]),
+        message="--auto_resume resumes from --checkpoint's file: give --checkpoint PATH "
+                "(and no --resume)")
+    flags.register_multi_flags_validator(
+        ["keep_checkpoints", "checkpoint"],
+        lambda f: f["keep_checkpoints"] == 1 or f["checkpoint"],
+        message="--keep_checkpoints needs --checkpoint")
     flags.register_multi_flags_validator(
         ["fake_data", "datadir"], lambda f: not (f["fake_data"] and f["datadir"]),
         message="--fake_data and --datadir exclude each other")

@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import sys
 import time
 from typing import Callable, Iterator, Optional
 
 from xla_amp_launch import precision as precision_mod, reports
-from xla_amp_launch.checkpoint import load_checkpoint, save_checkpoint
+from xla_amp_launch.checkpoint import Checkpoints
 from xla_amp_launch.devices import Devices
+from xla_amp_launch.header import autocast_dtype, print_header
 from xla_amp_launch.flags import (DTYPES, FLAGS, apply_test_run_flags, print_metrics_report,
                                   resolve_precision)
 from xla_amp_launch.metrics import Counters, Progress, fmt_rate, fmt_scale
@@ -73,6 +76,10 @@ class Run:
     global_step: int = 0
     stop: bool = False
     skipped_seen: int = 0                   # --precision_report: skips already reported
+    ck: Optional[Checkpoints] = None        # --checkpoint (locked) / --resume
+    amp_dtype: object = None                # autocast's dtype, None without autocast
+    guard: object = None                    # xla_amp.checkpoint.PreemptionGuard
+    preempted: bool = False                 # stopped by SIGTERM/SIGINT at a step boundary
 
 
 def make_optimizer(params, name: str, syncfree: bool, lr: float, momentum: float,
@@ -114,12 +121,28 @@ def learning_rate(base: float, step: int, total: int, schedule: str, warmup: int
 
 def train(task: Task, devices: Devices) -> int:
     """Train ``task`` per the flags (--num_steps / --drop_last applied here);
-    print the summary; return the exit status."""
-    run = setup(apply_test_run_flags(task), devices)
-    for epoch in range(run.position["epoch"], FLAGS.num_epochs):
-        if run.stop:
-            break
-        train_epoch(run, epoch)
+    print the summary; return the exit status (xla_amp_launch/checkpoint.py:
+    73, 74, 75 for the checkpoint's lock, an OS failure writing it, a stop
+    by SIGTERM/SIGINT)."""
+    from xla_amp import checkpoint as c
+    ck = Checkpoints.from_flags(FLAGS)      # a live run on --checkpoint: exit 73
+    try:
+        with c.preemption_guard() as guard:  # SIGTERM/SIGINT: save at the step's end
+            run = setup(apply_test_run_flags(task), devices, ck)
+            run.guard = guard
+            for epoch in range(run.position["epoch"], FLAGS.num_epochs):
+                if run.stop:
+                    break
+                train_epoch(run, epoch)
+    except c.CheckpointError as e:          # disk full, read-only, quota ...: one line
+        kept = "the previous checkpoint is intact" if os.path.exists(ck.path) \
+            else "no checkpoint was written before"
+        print(f"error: {e}; {kept}", file=sys.stderr, flush=True)
+        return c.EXIT_CHECKPOINT_IO
+    finally:
+        ck.release()
+    if run.preempted:
+        return _stopped_by_signal(run)
     if run.steps_run == 0 and run.eval_acc is None:
         run.eval_acc = evaluate(run)  # e.g. resumed from a finished run
     if run.writer:
@@ -128,7 +151,19 @@ def train(task: Task, devices: Devices) -> int:
     return summary(run, FLAGS)
 
 
-def setup(task: Task, devices: Devices) -> Run:
+def _stopped_by_signal(run: Run) -> int:
+    from xla_amp import checkpoint as c
+    sig, path = run.guard.signal_name, run.ck.path
+    if path:
+        print(f"stopped by {sig} after step {run.global_step}: checkpoint written to {path}; "
+              f"resume with --auto_resume (exit status {c.EXIT_PREEMPTED})", flush=True)
+        return c.EXIT_PREEMPTED
+    print(f"stopped by {sig} after step {run.global_step}; nothing saved (no --checkpoint)",
+          flush=True)
+    return 128 + run.guard.signum
+
+
+def setup(task: Task, devices: Devices, ck: Checkpoints) -> Run:
     """Build model, optimizer and scaler, resume if asked, print the header."""
     import torch
     import xla_amp
@@ -153,16 +188,17 @@ def setup(task: Task, devices: Devices) -> Run:
                                **precision_mod.optimizer_options(precision))
     scaler = xla_amp.GradScaler(enabled=FLAGS.amp)
     autocast_kw = dict(enabled=FLAGS.amp, dtype=dtype, policy=FLAGS.policy)
+    amp_dtype = autocast_dtype(dev, autocast_kw)
     position = {"epoch": 0, "step": 0, "global_step": 0}
-    if FLAGS.resume:
-        state = load_checkpoint(FLAGS.resume, compat)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        if FLAGS.amp:
-            scaler.load_state_dict(state["scaler"])
+    state = ck.resume_state(compat)         # --resume / --auto_resume: data only
+    if state is not None:
+        notes = ck.restore(state, dict(model=model, optimizer=optimizer, scaler=scaler,
+                                       amp_dtype=amp_dtype))
         position = dict(state["position"])
-        print(f"resumed from {FLAGS.resume}: epoch {position['epoch'] + 1}, "
+        print(f"resumed from {ck.resume}: epoch {position['epoch'] + 1}, "
               f"step {position['step']}, {position['global_step']} steps done", flush=True)
+        if notes:
+            print(f"converted to --precision {precision}: {'; '.join(notes)}", flush=True)
     writer = None
     if FLAGS.logdir:
         from torch.utils.tensorboard import SummaryWriter
@@ -170,51 +206,11 @@ def setup(task: Task, devices: Devices) -> Run:
     forward_loss = make_forward_loss(model, dev, autocast_kw, FLAGS.compile)
     run = Run(task, devices, model, optimizer, scaler, autocast_kw, forward_loss, compat, position,
               task.train.steps_per_epoch * FLAGS.num_epochs, writer, t_start,
-              global_step=position["global_step"])
+              global_step=position["global_step"], ck=ck, amp_dtype=amp_dtype)
     run.stop = bool(FLAGS.max_steps) and run.global_step >= FLAGS.max_steps
-    _print_header(run)
+    print_header(run)
     model.train()
     return run
-
-
-def _print_header(run: Run) -> None:
-    import torch
-    import xla_amp
-    with xla_amp.autocast(run.devices.device, **run.autocast_kw) as ac:  # what will it do?
-        amp_dtype = torch.get_autocast_dtype("xla")
-        amp_on = torch.is_autocast_enabled("xla")
-        policy_name = getattr(getattr(ac, "policy", None), "name", None) or FLAGS.policy
-    if FLAGS.amp:
-        precision = (f"AMP {str(amp_dtype).replace('torch.', '')} (policy "
-                     f"{policy_name or 'device default'}) + GradScaler"
-                     if amp_on else "AMP requested but autocast is disabled for this "
-                     "dtype/policy (see warning); fp32 + GradScaler")
-    else:
-        precision = "fp32"
-    precision += {"bf16": "; bf16 weights, plain update",
-                  "bf16_master": "; bf16 weights, fp32 master copy in the optimizer",
-                  "bf16_sr": "; bf16 weights, stochastically rounded updates"}.get(
-                      run.compat["precision"], "")
-    if FLAGS.module_policy:
-        precision += f"; module policies {FLAGS.module_policy}"
-    if FLAGS.compile:
-        precision += "; forward + loss compiled (torch.compile, openxla)"
-    opt_desc = (f"{'xla_amp.syncfree' if FLAGS.syncfree else 'torch.optim'}."
-                f"{type(run.optimizer).__name__}(lr={FLAGS.lr:g}"
-                + (f", momentum={FLAGS.momentum:g}" if FLAGS.optimizer == "sgd" else "")
-                + f"), {FLAGS.lr_schedule} lr"
-                + (f" after {FLAGS.warmup_steps} warm-up steps" if FLAGS.warmup_steps else ""))
-    d = run.devices
-    mode = "FSDPv2: parameters, gradients and state sharded" if FLAGS.fsdp \
-        else "SPMD data parallel"
-    par = f"{d.count} x {d.hw} ({mode})" if d.count > 1 else f"1 x {d.hw}"
-    nparams = sum(p.numel() for p in run.model.parameters())
-    print(f"data       {run.task.data_description}\n"
-          f"model      {run.task.model_name}, {nparams:,} parameters\n"
-          f"precision  {precision}\n"
-          f"optimizer  {opt_desc}, batch {FLAGS.batch_size}, "
-          f"{run.task.train.steps_per_epoch} steps/epoch, {FLAGS.num_epochs} epochs\n"
-          f"devices    {par}", flush=True)
 
 
 def train_step(run: Run, x, y) -> None:
@@ -270,12 +266,6 @@ def _log_progress(run: Run, bar: Progress, win_samples: int, win_t: float) -> fl
     return now
 
 
-def checkpoint(run: Run, position: dict) -> None:
-    if FLAGS.checkpoint:
-        save_checkpoint(FLAGS.checkpoint, run.model, run.optimizer, run.scaler, position,
-                        run.compat)
-
-
 def train_epoch(run: Run, epoch: int) -> None:
     """Train one epoch (from the saved step if resuming into it), evaluate,
     print the epoch line, checkpoint."""
@@ -303,6 +293,8 @@ def train_epoch(run: Run, epoch: int) -> None:
         win_samples += FLAGS.batch_size
         bar.update(1)
         run.stop = bool(FLAGS.max_steps) and run.global_step >= FLAGS.max_steps
+        if run.guard is not None and run.guard.requested:  # the step in flight is done
+            run.stop = run.preempted = True
         end_of_epoch = step + 1 == spe
         if run.global_step % FLAGS.log_steps == 0 or end_of_epoch or run.stop:
             win_t, win_samples = _log_progress(run, bar, win_samples, win_t), 0
@@ -312,7 +304,7 @@ def train_epoch(run: Run, epoch: int) -> None:
             t_ck = time.perf_counter()
             xm.wait_device_ops()
             Counters.add(run.counts, Counters.delta(c0, Counters.now()))
-            checkpoint(run, {"epoch": epoch, "step": step + 1, "global_step": run.global_step})
+            run.ck.save(run, {"epoch": epoch, "step": step + 1, "global_step": run.global_step})
             paused += time.perf_counter() - t_ck
             win_t += time.perf_counter() - t_ck
             c0 = Counters.now()
@@ -326,6 +318,9 @@ def train_epoch(run: Run, epoch: int) -> None:
         pos = {"epoch": epoch + 1, "step": 0, "global_step": run.global_step}
     else:
         pos = {"epoch": epoch, "step": step + 1, "global_step": run.global_step}
+    if run.preempted:                     # save now; no evaluation in the grace period
+        run.ck.save(run, pos)
+        return
     run.eval_acc = evaluate(run)
     line = (f"epoch {epoch + 1}/{FLAGS.num_epochs}"
             + (f" (stopped at step {step + 1}/{spe})" if pos["step"] else "")
@@ -338,7 +333,7 @@ def train_epoch(run: Run, epoch: int) -> None:
     print_metrics_report()  # --metrics_debug: after each epoch, as PyTorch/XLA's launchers
     if run.writer and run.eval_acc is not None:
         run.writer.add_scalar("eval/accuracy", run.eval_acc, run.global_step)
-    checkpoint(run, pos)
+    run.ck.save(run, pos)
 
 
 def evaluate(run: Run) -> Optional[float]:

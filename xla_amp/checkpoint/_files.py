@@ -1,0 +1,151 @@
+"""Writing a checkpoint file so that no crash, full disk or second writer
+can leave a torn one at its path.
+
+Algorithm of :func:`write_atomic` (``path`` = DIR/NAME)::
+
+    tmp = a new file DIR/.NAME.<random>.tmp      unique per writer (mkstemp)
+    write(tmp); flush; fsync(tmp)                the bytes are on disk
+    fsync(DIR)                                   tmp's entry is on disk
+    keep > 1: NAME.(k-1) <- ... <- NAME.1 <- NAME (a hard link)
+    rename(tmp, NAME); fsync(DIR)                the switch is on disk
+    any OSError: remove tmp, raise CheckpointError(one line: path, reason)
+
+A reader sees the old file or the new one, never a part; a process killed
+at any point leaves at most its own ``.NAME.*.tmp`` (removed by the next
+run that takes the path's lock, :func:`remove_stale_temporaries`).
+"""
+from __future__ import annotations
+
+import errno
+import io
+import os
+import tempfile
+from typing import BinaryIO, Callable
+
+from xla_amp.checkpoint._errors import CheckpointError, os_reason
+
+
+class _RecordingWriter(io.RawIOBase):
+    """A file wrapper that remembers the first OSError of a write: torch.save
+    turns it into a RuntimeError from C++ ("enforce fail ...")."""
+
+    def __init__(self, f: BinaryIO):
+        super().__init__()
+        self._f = f
+        self.error: OSError | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        try:
+            return self._f.write(b)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError as e:  # some file systems cannot sync a directory
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def temp_prefix(path: str) -> str:
+    return "." + os.path.basename(path) + "."
+
+
+def older(path: str, k: int) -> str:
+    """The name of the k-th older checkpoint kept beside `path` (k >= 1)."""
+    return f"{path}.{k}"
+
+
+def _rotate(path: str, keep: int) -> None:
+    """Shift the kept older checkpoints one place down and link the current
+    one as the first of them (a hard link: no copy, and `path` stays)."""
+    if keep <= 1 or not os.path.exists(path):
+        return
+    for k in range(keep - 2, 0, -1):
+        if os.path.exists(older(path, k)):
+            os.replace(older(path, k), older(path, k + 1))
+    first = older(path, 1)
+    if os.path.exists(first):
+        os.remove(first)
+    try:
+        os.link(path, first)
+    except OSError as e:  # no hard links here (object-store mounts): copy
+        if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+        import shutil
+        shutil.copyfile(path, first)
+
+
+def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
+                 keep: int = 1) -> None:
+    """Write the file `path` through ``write(file)`` atomically (module
+    docstring); keep the ``keep - 1`` previous versions as ``path.1``,
+    ``path.2``, ... An OSError on the way raises :class:`CheckpointError`
+    naming `path` and the reason; the temporary file is gone and `path`
+    holds what it held before."""
+    path = os.path.abspath(os.fspath(path))
+    directory = os.path.dirname(path)
+    tmp = None
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=directory)
+        os.fchmod(fd, 0o666 & ~_umask())   # as open() would make it, not mkstemp's 0600
+        with os.fdopen(fd, "wb") as f:
+            recorder = _RecordingWriter(f)
+            try:
+                write(recorder)
+            except Exception:
+                if recorder.error is not None:
+                    raise recorder.error from None
+                raise
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(directory)
+        _rotate(path, keep)
+        os.replace(tmp, path)
+        tmp = None
+        _fsync_dir(directory)
+    except OSError as e:
+        raise CheckpointError(f"cannot write checkpoint {path}: {os_reason(e)}") from None
+    finally:
+        if tmp is not None:
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[str]:
+    """Remove the temporary files that writers of `path` left when they were
+    killed; call only while holding the path's lock (then no live writer
+    owns one). Returns the names removed."""
+    path = os.path.abspath(os.fspath(path))
+    directory, prefix = os.path.dirname(path), temp_prefix(path)
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        if name.startswith(prefix) and name.endswith(".tmp"):
+            try:
+                os.remove(os.path.join(directory, name))
+                removed.append(name)
+            except FileNotFoundError:
+                pass
+    return removed
