@@ -8,7 +8,7 @@ SOURCES := $(wildcard csrc/*.cpp csrc/*/*.cpp csrc/*/*.h) setup.py pyproject.tom
 MAX_JOBS ?= 2
 export PJRT_DEVICE ?= CPU
 
-.PHONY: all venv build bazel wheel test integrations sharded zoo zoo-large demo bench docs clean
+.PHONY: all venv build bazel wheel test integrations sharded faults zoo zoo-large demo bench docs clean
 
 all: test
 
@@ -89,6 +89,15 @@ integrations: build
 # restored in a fresh process (tests marked `sharded`).
 sharded: build
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m sharded --durations=10 tests
+
+# Checkpoints under real faults (tests marked `faults`): launchers killed with
+# SIGKILL (once frozen inside a write) and SIGTERM at seeded moments, a full
+# and a read-only tmpfs in a private mount namespace (RLIMIT_FSIZE where
+# there is none), two runs on one path, crafted pickles, and every cell of
+# the precision matrix on resume. One worker: the process tests time their
+# signals against a run that needs the cores. ~10 minutes.
+faults: build
+	$(PY) -m pytest -q -m faults --durations=10 tests
 
 # The model-zoo sweep: the torchvision models of tests/test_zoo.py under every
 # policy (make test runs a subset), one model at a time: RegNet-Y alone grows
