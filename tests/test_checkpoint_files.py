@@ -187,3 +187,34 @@ def test_convert_rules_on_plain_state_dicts():
     # another optimizer or parameter order: refused
     with pytest.raises(ckpt.CheckpointError, match="optimizer is AdamW.*SGD"):
         ckpt.convert(sr, dict(_record("bfloat16"), optimizer="SGD"))
+
+
+def test_no_code_reads_a_file_that_could_run_code():
+    """The whole shipped tree (library, launchers, scripts, benchmarks):
+    every torch.load passes weights_only=True, nothing calls pickle.load /
+    pickle.loads, and every pickle.Unpickler subclass restricts find_class."""
+    import ast
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parent.parent
+    bad = []
+    for folder in ("xla_amp", "xla_amp_launch", "scripts", "benchmarks"):
+        for path in (root / folder).rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                where = f"{path.relative_to(root)}:{getattr(node, 'lineno', 0)}"
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                    owner = getattr(node.func.value, "id", None)
+                    if (owner, node.func.attr) == ("torch", "load"):
+                        safe = any(k.arg == "weights_only" and getattr(k.value, "value", None)
+                                   is True for k in node.keywords)
+                        if not safe:
+                            bad.append(f"{where}: torch.load without weights_only=True")
+                    if owner == "pickle" and node.func.attr in ("load", "loads"):
+                        bad.append(f"{where}: pickle.{node.func.attr}")
+                if isinstance(node, ast.ClassDef) and any(
+                        getattr(b, "attr", getattr(b, "id", None)) == "Unpickler"
+                        for b in node.bases):
+                    if not any(isinstance(f, ast.FunctionDef) and f.name == "find_class"
+                               for f in node.body):
+                        bad.append(f"{where}: Unpickler subclass without find_class")
+    assert not bad, bad

@@ -177,7 +177,7 @@ def _checkpoint_after(device, k):
 
 
 def _resume(device, blob, k):
-    ck = torch.load(io.BytesIO(blob), weights_only=False)
+    ck = torch.load(io.BytesIO(blob), weights_only=True)
     model, opt, scaler = _restore(device, ck, seed=9)
     rest = _train(model, opt, scaler, device, pattern=PATTERN[k:], start=k)
     return rest, [p.detach().cpu() for p in model.parameters()], scaler.skipped_steps()
@@ -207,6 +207,6 @@ def test_resume_in_a_fresh_process(device, tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    rest2, params2, skipped = torch.load(tmp_path / "out.pt", weights_only=False)
+    rest2, params2, skipped = torch.load(tmp_path / "out.pt", weights_only=True)
     assert rest2 == rest and skipped == 2
     assert all(torch.equal(a, b) for a, b in zip(params, params2))
