@@ -117,9 +117,11 @@ def test_checkpoint_resume_continues_bit_identically(precision, tmp_path):
 
 
 def test_an_optimizer_without_the_modes_master_is_refused_before_the_step():
+    """In the documented order (built before setup, the optimizer is refused
+    with the order to follow: test_integrations_fabric_order.py)."""
     f = fabric("bf16-true")
-    model = net()
-    model, opt = f.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    model = f.setup_module(net())
+    opt = f.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=1e-2))
     before = [p.detach().cpu().clone() for p in model.parameters()]
     x, y = next(iter(f.setup_dataloaders(loader(1))))
     f.backward(F.cross_entropy(model(x), y))

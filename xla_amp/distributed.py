@@ -30,7 +30,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from xla_amp._param_walk import check_optimizer, params_with_grads, where
+from xla_amp._param_walk import check_on_xla, check_optimizer, params_with_grads, where
 
 DEFAULT_BUCKET_CAP_MB = 50.0
 
@@ -147,11 +147,16 @@ def optimizer_step(optimizer, scaler=None, groups: Optional[list[list[int]]] = N
     call `all_reduce_gradients` and ``scaler.step`` for each, then one
     ``scaler.update()``, instead. ``reduce_gradients=False``: they were
     reduced already (before clipping them); the skip flags still are.
+
+    An optimizer holding a parameter that is not on the XLA device is
+    refused (``ValueError`` naming the first one) before any gradient is
+    reduced or anything else changes.
     """
     from xla_amp.scaler import GradScaler
     if scaler is not None and not isinstance(scaler, GradScaler):
         raise TypeError(f"optimizer_step: scaler must be an xla_amp.GradScaler or None, "
                         f"got {type(scaler).__name__}")
+    check_on_xla(optimizer, "optimizer_step")
     optimizer_args = optimizer_args or {}
     if reduce_gradients:
         all_reduce_gradients(optimizer, groups=groups, pin_layout=pin_layout)

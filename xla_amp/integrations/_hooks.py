@@ -25,6 +25,7 @@ import torch_xla.core.xla_model as xm
 
 import xla_amp
 from xla_amp import policies
+from xla_amp._param_walk import check_on_xla
 from xla_amp.integrations import _optimizers
 from xla_amp.integrations._mode import Mode, check_dtype
 from xla_amp.precision import cast_module, module_policies
@@ -78,11 +79,19 @@ class Hooks:
 
     # -- the step -----------------------------------------------------------
 
-    def check_optimizer(self, optimizer) -> None:
+    def check_mode(self, optimizer) -> None:
         """``_optimizers.check`` once per optimizer."""
         if id(optimizer) not in self._checked:
             _optimizers.check(optimizer, self.mode)
             self._checked.add(id(optimizer))
+
+    def check_optimizer(self, optimizer) -> None:
+        """Everything a step needs of ``optimizer``, checked before a
+        framework runs its closure: it fits the mode (``check_mode``), and
+        its parameters are on the XLA device now (every call: a param group
+        can change between steps)."""
+        self.check_mode(optimizer)
+        check_on_xla(optimizer, "xla_amp")
 
     def adopt(self, optimizers: list) -> list:
         """The optimizers this mode trains with: each one's syncfree
@@ -90,10 +99,10 @@ class Hooks:
         before any is changed."""
         for opt in optimizers:
             if not _optimizers.swappable(opt):
-                self.check_optimizer(opt)
+                self.check_mode(opt)
         adopted = [_optimizers.to_syncfree(opt, self.mode) for opt in optimizers]
         for opt in adopted:
-            self.check_optimizer(opt)
+            self.check_mode(opt)
         return adopted
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
@@ -111,8 +120,9 @@ class Hooks:
         """The optimizer step with the mode's scaling, through
         ``xla_amp.optimizer_step`` (gradients mean-reduced over replicas
         unless ``reduce=False`` says the caller did; one skip decision for
-        all). Call once per iteration, after backward."""
-        self.check_optimizer(optimizer)
+        all). Call once per iteration, after backward. ``optimizer_step``
+        refuses parameters off the XLA device before it changes anything."""
+        self.check_mode(optimizer)
         return xla_amp.optimizer_step(optimizer, scaler=self.scaler, optimizer_args=kwargs,
                                       reduce_gradients=reduce)
 

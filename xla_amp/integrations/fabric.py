@@ -2,7 +2,8 @@
 
     from xla_amp.integrations.fabric import XLAAMPPrecision
     fabric = L.Fabric(accelerator="tpu", plugins=[XLAAMPPrecision("bf16-mixed")])
-    model, optimizer = fabric.setup(model, xla_amp.syncfree.AdamW(model.parameters()))
+    model = fabric.setup_module(model)
+    optimizer = fabric.setup_optimizers(xla_amp.syncfree.AdamW(model.parameters()))
 
 Fabric's XLA strategies take only ``XLAPrecision`` plugins, so this is one;
 its ``__init__`` is not called (it would set ``XLA_USE_BF16``). Each hook
@@ -10,17 +11,32 @@ does one job and hands it to the shared ``Hooks`` (``_hooks.py``).
 Fabric has no hook that could replace the optimizer: build the syncfree
 one yourself (``"bf16-true"`` with master weights or stochastic rounding
 refuses any other at its first step).
+
+Fabric's canonical order, ``model, opt = fabric.setup(model, opt)`` with
+``opt`` built on the host model, leaves ``opt`` on the host parameters
+after the move. ``convert_module`` (called before the move) notes them,
+and the first hook that gets the optimizer (``optimizer_step``,
+``unscale_gradients``, ``main_params``) points it at the moved ones, state
+included (``_relink.py``), or refuses in one line saying what to do.
 """
 from __future__ import annotations
 
+import weakref
 from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 from lightning.fabric.plugins.precision.xla import XLAPrecision
 
+from xla_amp._param_walk import first_off_xla, off_xla_message
 from xla_amp.integrations._hooks import Hooks
 from xla_amp.integrations._mode import Mode
+from xla_amp.integrations._relink import Moves, relink
+
+WHO = "XLAAMPPrecision"
+# what a Fabric user does about an optimizer that holds host parameters
+SETUP_ORDER = ("call fabric.setup_module(model) first, then build the optimizer on "
+               "model.parameters(){}, then fabric.setup_optimizers(opt)")
 
 MODE_ARGS_DOC = """
     Args:
@@ -57,6 +73,8 @@ class XLAAMPPrecision(XLAPrecision):
         # XLAFSDPStrategy's compute_dtype: the parameters' dtype (autocast
         # does the mixed modes' casting inside the forward)
         self._desired_dtype = mode.param_dtype
+        self._moves = Moves()
+        self._adopted: weakref.WeakSet = weakref.WeakSet()
 
     @property
     def scaler(self):
@@ -64,7 +82,31 @@ class XLAAMPPrecision(XLAPrecision):
         return self.hooks.scaler
 
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
-        return self.hooks.convert_module(module)
+        module = self.hooks.convert_module(module)
+        self._moves.record(module)  # before Fabric moves it (the cast keeps each object)
+        return module
+
+    def _adopt(self, optimizer) -> None:
+        """Once per optimizer, before its first use here: it fits the mode,
+        and an optimizer built before ``fabric.setup`` moved its model is
+        pointed at the moved parameters -- or refused in one line, with
+        nothing changed, when a host parameter has no moved counterpart."""
+        if optimizer in self._adopted:
+            return
+        bad = first_off_xla(optimizer)
+        try:
+            self.hooks.check_mode(optimizer)
+        except ValueError:
+            if bad is None:
+                raise
+            # the mode needs a syncfree optimizer, and those take device parameters only
+            flags = ", ".join(f"{k}=True" for k, v in self.hooks.mode.optimizer_options.items()
+                              if v)
+            need = f" (an xla_amp.syncfree one with {flags}, as precision={self.precision!r} needs)"
+            raise ValueError(off_xla_message(WHO, *bad, SETUP_ORDER.format(need))) from None
+        if bad is not None:
+            relink(optimizer, self._moves.plan(optimizer, WHO, SETUP_ORDER.format("")))
+        self._adopted.add(optimizer)
 
     def forward_context(self) -> AbstractContextManager:
         return self.hooks.autocast()
@@ -76,10 +118,16 @@ class XLAAMPPrecision(XLAPrecision):
         return self.hooks.scale(tensor)
 
     def unscale_gradients(self, optimizer) -> None:
+        self._adopt(optimizer)
         self.hooks.unscale(optimizer)
+
+    def main_params(self, optimizer):
+        self._adopt(optimizer)
+        return super().main_params(optimizer)
 
     def optimizer_step(self, optimizer, **kwargs: Any) -> Any:
         import torch_xla
+        self._adopt(optimizer)
         out = self.hooks.step(optimizer, **kwargs)
         torch_xla.sync()  # the step is one graph, cut here (as XLAPrecision's barrier)
         return out

@@ -39,7 +39,7 @@ from typing import Any, Optional, Union
 import torch
 
 from xla_amp.scaler._masked_step import masked_step as _masked_step
-from xla_amp._param_walk import check_optimizer as _check_optimizer
+from xla_amp._param_walk import check_on_xla as _check_on_xla, check_optimizer as _check_optimizer
 from xla_amp.scaler import _update, _unscale
 from xla_amp.scaler._state_dict import ScalerStateDict
 from xla_amp.scaler._checks import checked as _checked
@@ -156,10 +156,17 @@ class GradScaler(ScalerStateDict):
 
         Optional: call it between ``backward()`` and :meth:`step` when you
         need the true gradients (e.g. ``clip_grad_norm_``). At most once per
-        optimizer per iteration; :meth:`step` calls it otherwise.
+        optimizer per iteration; :meth:`step` calls it otherwise. A parameter
+        of ``optimizer`` not on the XLA device is refused (``ValueError``
+        naming it) before anything changes, as in :meth:`step`.
         """
         if not self._enabled:
             return
+        _check_on_xla(optimizer, "GradScaler.unscale_")
+        self._unscale(optimizer)
+
+    def _unscale(self, optimizer) -> None:
+        """``unscale_`` once the parameters are known to be on the device."""
         self._check_started("unscale_()")
         st = self._per_optimizer.get(id(optimizer)) or _PerOptimizer()
         if st.stage is OptState.UNSCALED:
@@ -186,7 +193,10 @@ class GradScaler(ScalerStateDict):
         before :meth:`update`. Extra arguments go to ``optimizer.step``.
         Sync-free for ``xla_amp.syncfree`` optimizers; see the module
         docstring for others. Closures are not supported (``None`` in the
-        closure's place, as Accelerate passes, is no closure).
+        closure's place, as Accelerate passes, is no closure). An optimizer
+        holding a parameter that is not on the XLA device (one built before
+        its model moved) is refused with a ``ValueError`` naming the first
+        such parameter, before the scale, the state or any parameter changes.
         """
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
@@ -197,12 +207,13 @@ class GradScaler(ScalerStateDict):
         kwargs.pop("closure", None)
         if "found_inf" in kwargs:
             raise RuntimeError("GradScaler.step: found_inf is supplied by the scaler; do not pass it")
+        _check_on_xla(optimizer, "GradScaler.step")
         self._check_started("step()")
         st = self._per_optimizer[id(optimizer)]
         if st.stage is OptState.STEPPED:
             raise RuntimeError("step() has already been called since the last update().")
         if st.stage is OptState.READY:
-            self.unscale_(optimizer)
+            self._unscale(optimizer)
         found_inf = self._combined_found_inf(st)
         if _takes_found_inf(optimizer):
             retval = optimizer.step(found_inf=found_inf, **kwargs)
