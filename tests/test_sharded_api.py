@@ -4,7 +4,10 @@ checkpoint's refusals; and (make sharded) in a 2-device SPMD subprocess,
 tests/_sharded_state.py: optimizer state that takes its parameter's
 sharding where the step makes it and where load_state_dict loads it, and
 check_sharding naming a tensor that does not. The training runs are
-tests/test_sharded_lm.py and test_sharded_resnet.py (make sharded)."""
+tests/test_sharded_lm.py and test_sharded_resnet.py (make sharded); the
+checkpoint's checks, untrusted files, process topology and resharding are
+tests/test_sharded_checkpoint_checks.py, _checkpoint_safety.py,
+_topology.py and _reshard.py."""
 import dataclasses
 import json
 import os

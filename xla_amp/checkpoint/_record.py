@@ -37,6 +37,14 @@ def _mesh(mesh) -> Optional[dict]:
             "axis_names": [str(a) for a in (mesh.axis_names or ())]}
 
 
+def group_options(group: dict) -> dict[str, Any]:
+    """A param group's low-precision options (``xla_amp.syncfree``), as plain
+    data; a group without them (torch.optim, a default group) has neither."""
+    return {"master_weights": bool(group.get("master_weights", False)),
+            "stochastic_rounding": bool(group.get("stochastic_rounding", False)),
+            "state_dtype": dtype_name(group.get("state_dtype"))}
+
+
 def training_record(model: torch.nn.Module, optimizer=None, scaler=None, *,
                     amp_dtype: Optional[torch.dtype] = None, mesh=None) -> dict[str, Any]:
     """The record of `model`, `optimizer` (None: no optimizer state) and
@@ -55,10 +63,7 @@ def training_record(model: torch.nn.Module, optimizer=None, scaler=None, *,
                     raise ValueError(f"training_record: {where(gi, pi)} of the optimizer is "
                                      "not a parameter of the model")
                 order.append(names[id(p)])
-            groups.append({"params": len(group["params"]),
-                           "master_weights": bool(group.get("master_weights", False)),
-                           "stochastic_rounding": bool(group.get("stochastic_rounding", False)),
-                           "state_dtype": dtype_name(group.get("state_dtype"))})
+            groups.append({"params": len(group["params"]), **group_options(group)})
     return {
         "format": FORMAT,
         "dtypes": {k: dtype_name(v.dtype) for k, v in model.state_dict().items()
@@ -84,10 +89,7 @@ def infer_record(state: dict, model: torch.nn.Module) -> dict[str, Any]:
     groups = []
     for g in opt["param_groups"]:
         order += list(g.get("param_names") or model_names[len(order):len(order) + len(g["params"])])
-        groups.append({"params": len(g["params"]),
-                       "master_weights": bool(g.get("master_weights", False)),
-                       "stochastic_rounding": bool(g.get("stochastic_rounding", False)),
-                       "state_dtype": dtype_name(g.get("state_dtype"))})
+        groups.append({"params": len(g["params"]), **group_options(g)})
     return {"format": FORMAT,
             "dtypes": {k: dtype_name(v.dtype) for k, v in state["model"].items()
                        if isinstance(v, torch.Tensor)},

@@ -8,6 +8,13 @@
     optimizer = syncfree.AdamW(model.parameters(), lr=1e-4, **precision.optimizer_options())
     sharded.check_sharding(optimizer)            # after a step: state sharded as its param
     sharded.save(path, model=model, optimizer=optimizer, scaler=scaler)
+    sharded.load(path, model=model, optimizer=optimizer, scaler=scaler)  # any mesh
+
+``load`` compares every key, shape and dtype and the precision options
+with the checkpoint before anything changes (_checkpoint_checks,
+_checkpoint_record), reads its files without running code from them
+(_safe_metadata); ``shard_model``, ``save`` and ``load`` refuse a launch
+whose process count is not the runtime's (_topology).
 
 ``ShardedPrecision.cast`` (called by ``shard_model``) also gives the modules
 that compute weight gradients a backward in ``reduce_dtype`` (_reduce.py).

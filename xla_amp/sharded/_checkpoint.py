@@ -3,15 +3,30 @@ GradScaler's state, each device writing and reading only its own shards
 (``torch.distributed.checkpoint`` with PyTorch/XLA's SPMD planners).
 
     save(path, model=model, optimizer=optimizer, scaler=scaler)   # between steps
-    load(path, model=model, optimizer=optimizer, scaler=scaler)   # fresh process, same setup
+    load(path, model=model, optimizer=optimizer, scaler=scaler)   # fresh process, any mesh
+
+``save``: the process check (_topology), the record of how the run was
+trained (_checkpoint_record: mesh, dtypes, precision options; JSON), then
+each device's chunks, every chunk once (``_save_planner``).
 
 ``load`` fills tensors in place, so they must exist with their sharding
 first: it builds the model's and the optimizer's state dicts from the
 objects given -- the optimizer's state made as its first step would make
 it (zero moments, a master from the parameter), sharded as each parameter
 -- reads the checkpoint into them, then hands them to each object's own
-``load_state_dict`` (whose checks name any mismatch). A run restored at
-step k continues bit-identically to the run that saved it.
+``load_state_dict``. Everything that can refuse does so before a value
+moves, in this order::
+
+    processes   the launch's count == the runtime's        (_topology)
+    .metadata   unpickled admitting a metadata's classes only (_safe_metadata)
+    record      precision options == the optimizer's        (_checkpoint_record)
+    entries     every key, global shape and dtype == here   (_checkpoint_checks)
+    values      non-tensor entries read weights-only, then checked
+
+A refusal undoes the optimizer state made for the check (it is lazy: none
+of it has run). The checkpoint's mesh need not be this one: each device
+reads the chunks that cover its own shards (resharding, N -> M devices).
+A run restored at step k on the same mesh continues bit-identically.
 
 One process per host on a pod: each process passes the same `path` (a
 directory every host can write, e.g. a GCS FUSE mount or NFS) and
@@ -26,6 +41,10 @@ from typing import Any
 import torch
 
 from xla_amp._param_walk import check_optimizer
+from xla_amp.sharded import _checkpoint_checks as _checks
+from xla_amp.sharded import _checkpoint_record as _record
+from xla_amp.sharded import _safe_metadata as _safe
+from xla_amp.sharded._topology import check_processes
 
 _KEYS = ("model", "optimizer", "scaler")
 
@@ -84,33 +103,77 @@ def _save_planner():
     return OncePerChunk()
 
 
+def _load_planner(values: dict[str, Any]):
+    """PyTorch/XLA's SPMDLoadPlanner taking the non-tensor entries already
+    read and checked (weights-only) by :func:`load` instead of unpickling
+    them again with ``torch.load`` (whose ``weights_only`` an environment
+    variable can turn off: pinned in tests/test_sharded_checkpoint_safety.py).
+
+    Upstream gap (torch_xla 2.9, pinned in tests/test_sharded_checkpoint_checks.py,
+    ``..._silently_upstream_gap``): the planner never compares a sharded
+    tensor's size or dtype with the checkpoint's -- it reads whatever
+    chunks overlap the local shards, so a wider checkpoint fills a narrower
+    tensor with its leading rows, a narrower one leaves a wider tensor as
+    it was (its shards never complete), and bf16 is converted into fp32,
+    all without an error. :func:`load` therefore compares every key,
+    global shape and dtype first (_checkpoint_checks); when upstream
+    refuses by itself, that comparison stays as the one-line message."""
+    from torch_xla.experimental.distributed_checkpoint import SPMDLoadPlanner
+    from torch_xla.experimental.distributed_checkpoint._helpers import set_element
+
+    class CheckedValues(SPMDLoadPlanner):
+        def load_bytes(self, read_item, value):
+            fqn = read_item.dest_index.fqn
+            set_element(self.original_state_dict, self.mappings[fqn], values[fqn])
+
+    return CheckedValues()
+
+
+def _coordinator() -> bool:
+    import torch.distributed as dist
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
 def save(path: str | os.PathLike, *, model, optimizer=None, scaler=None) -> None:
     """Write `model`'s, `optimizer`'s and `scaler`'s state to the directory
-    `path` (made if missing), each sharded tensor as its shards. Call
-    between steps, after ``scaler.update()``."""
+    `path` (made if missing), each sharded tensor as its shards, and how
+    the run was trained (``xla_amp_sharded.json``). Call between steps,
+    after ``scaler.update()``."""
     import torch.distributed.checkpoint as dcp
-    objects = _objects(model, optimizer, scaler, "xla_amp.sharded.save")
+    who = "xla_amp.sharded.save"
+    objects = _objects(model, optimizer, scaler, who)
+    check_processes(who)
+    path = os.fspath(path)
     _settle()
     state = {k: v.state_dict() for k, v in objects.items()}
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(os.fspath(path)),
+    if _coordinator():
+        os.makedirs(path, exist_ok=True)
+        _record.write(path, _record.describe(model, optimizer))
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(path),
              planner=_save_planner(), **_distributed())
 
 
-def _make_state(optimizer) -> None:
-    """The state `optimizer`'s first step would make, for each parameter
-    lacking it, sharded as the parameter (values are overwritten by the
-    load). torch.optim optimizers must have stepped once already."""
+def _make_state(optimizer, metadata, made: list) -> None:
+    """Make the state `optimizer`'s first step would make, for each parameter
+    lacking it whose state the checkpoint holds (index i: a key
+    ``optimizer.state.<i>.*``), sharded as the parameter; the values are
+    overwritten by the load. Appends each parameter it makes state for to
+    `made` as it goes, so that a refusal can drop it again (lazy tensors:
+    nothing has run). torch.optim optimizers must have stepped once
+    already."""
     from xla_amp.syncfree import _low_precision, _sharding
-    missing = [(g, p) for g in optimizer.param_groups for p in g["params"]
-               if not optimizer.state.get(p)]
-    if not missing:
-        return
-    if not getattr(optimizer, "_xla_amp_syncfree", False):
+    saved = {k.split(".")[2] for k in metadata.state_dict_metadata
+             if k.startswith("optimizer.state.")}
+    params = [(g, p) for g in optimizer.param_groups for p in g["params"]]
+    missing = [(g, p) for i, (g, p) in enumerate(params)
+               if str(i) in saved and not optimizer.state.get(p)]
+    if missing and not getattr(optimizer, "_xla_amp_syncfree", False):
         raise ValueError(f"xla_amp.sharded.load: {type(optimizer).__name__} has no state yet "
                          "to load into; use an xla_amp.syncfree optimizer (which makes it) "
                          "or load after one step")
     with torch.no_grad():
         for group, p in missing:
+            made.append(p)
             st = optimizer.state[p]
             _low_precision.create_state(optimizer, group, p, st)
             _low_precision.between_steps(optimizer, group, p, st)
@@ -119,22 +182,36 @@ def _make_state(optimizer) -> None:
 
 def load(path: str | os.PathLike, *, model, optimizer=None, scaler=None) -> None:
     """Restore what :func:`save` wrote to `path` into `model`, `optimizer`
-    and `scaler`, built as for the run that saved (same model, mesh,
-    precision, optimizer options). Shards are read straight into the
-    device tensors; each object's ``load_state_dict`` then checks and takes
-    its part."""
+    and `scaler`, built as for the run that saved (same model, precision,
+    optimizer options; any mesh). Every key, global shape and dtype is
+    compared with the checkpoint first, and the precision options with its
+    record: a difference raises ``ValueError`` naming it, with nothing
+    changed. Shards are then read straight into the device tensors; each
+    object's ``load_state_dict`` takes its part."""
     import torch.distributed.checkpoint as dcp
-    from torch_xla.experimental.distributed_checkpoint import SPMDLoadPlanner
-    objects = _objects(model, optimizer, scaler, "xla_amp.sharded.load")
-    if not os.path.isfile(os.path.join(os.fspath(path), ".metadata")):
-        raise FileNotFoundError(f"xla_amp.sharded.load: {os.fspath(path)!r} holds no checkpoint "
-                                "(no .metadata file)")
-    if optimizer is not None:
-        _make_state(optimizer)
+    who = "xla_amp.sharded.load"
+    objects = _objects(model, optimizer, scaler, who)
+    check_processes(who)
+    path = os.fspath(path)
+    if not os.path.isfile(os.path.join(path, ".metadata")):
+        raise FileNotFoundError(f"{who}: {path!r} holds no checkpoint (no .metadata file)")
+    metadata = _safe.read_metadata(path, who)
+    _record.check_precision(_record.read(path, who), optimizer, path, who)
+    made: list = []
+    try:
+        if optimizer is not None:
+            _make_state(optimizer, metadata, made)
+        state = {k: v.state_dict() for k, v in objects.items()}
+        keys = _checks.compare(state, metadata, path, who)
+        values = _safe.read_values(path, metadata, keys, who)
+        _checks.compare_values(values, state, path, who)
+    except BaseException:
+        for p in made:  # as it was: no state for these
+            optimizer.state.pop(p, None)
+        raise
     _settle()
-    state = {k: v.state_dict() for k, v in objects.items()}
-    dcp.load(state, storage_reader=dcp.FileSystemReader(os.fspath(path)),
-             planner=SPMDLoadPlanner(), **_distributed())
+    dcp.load(state, storage_reader=_safe.reader(path, metadata),
+             planner=_load_planner(values), **_distributed())
     for k, obj in objects.items():
         obj.load_state_dict(state[k])
     _settle()

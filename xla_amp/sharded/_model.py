@@ -23,6 +23,7 @@ from typing import Any
 from torch import nn
 
 from xla_amp.sharded._precision import ShardedPrecision
+from xla_amp.sharded._topology import check_processes
 
 
 def _fsdpv2():
@@ -67,6 +68,7 @@ def _checked(model, precision, mesh):
     if not xr.is_spmd():
         raise RuntimeError("shard_model: SPMD is off; call torch_xla.runtime.use_spmd() before "
                            "the first XLA tensor is made")
+    check_processes("shard_model")
     if mesh is None:
         import torch_xla.distributed.spmd as xs
         mesh = xs.get_global_mesh()
@@ -88,7 +90,9 @@ def shard_model(model: nn.Module, precision: ShardedPrecision | None = None, *,
     ``precision.compute_dtype`` is set. ``precision=None``: the model's
     dtypes as they are (cast it yourself), no autocast of its own. Call
     once, in SPMD mode, before building the optimizer. Everything is checked
-    before the model changes."""
+    before the model changes, the launch too: a WORLD_SIZE or
+    torch.distributed world size other than the runtime's process count
+    is refused (``_topology``)."""
     mesh = _checked(model, precision, mesh)
     model = model.to("xla")
     if precision is not None:
