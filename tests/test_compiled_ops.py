@@ -19,8 +19,8 @@ import torch._dynamo
 import xla_amp
 from xla_amp import _engine
 
-from helpers_conformance import (LOW, NON_CONFORMANT, RANDOM, assert_bitwise, build_float32,
-                                 build_for, manual_cast, raw_params, tensors)
+from helpers_conformance import (LOW, RANDOM, assert_bitwise, build_float32, build_for,
+                                 manual_cast, raw_params, skipped, tensors)
 
 COMPILED_POLICIES = ("tpu", "cuda", "cpu")
 aten = torch.ops.aten
@@ -57,7 +57,7 @@ def _params():
     out = []
     for p in raw_params(COMPILED_POLICIES):
         policy, _entry, category, key = p.values
-        if category == "banned" or key in NON_CONFORMANT.get(policy, {}) or key in NO_COMPILE:
+        if category == "banned" or skipped(policy, key, category) or key in NO_COMPILE:
             continue
         out.append(p)
     return out

@@ -12,17 +12,17 @@ import torch.nn.functional as F
 
 import xla_amp
 
-from helpers_conformance import (CRASHES, LOW, NON_CONFORMANT, PARAMS, RAISES, RANDOM,
-                                 assert_bitwise, build, build_float32, input_dtypes, run_xla,
-                                 seed, tensors)
+from helpers_conformance import (CRASHES, HOST_LIMITS, LOW, NON_CONFORMANT, PARAMS, RAISES,
+                                 RANDOM, assert_bitwise, build, build_float32, input_dtypes,
+                                 run_xla, seed, skipped, tensors)
 from helpers_conformance_cases import CASES
 
 
 @pytest.mark.parametrize("policy,entry,category,key", PARAMS)
 def test_matches_manual_cast(device, policy, entry, category, key):
     """Under the policy the op computes exactly what a hand cast computes."""
-    if key in NON_CONFORMANT.get(policy, {}):
-        pytest.skip("listed as non-conformant; pinned by test_non_conformant_pinned")
+    if skipped(policy, key, category):
+        pytest.skip(skipped(policy, key, category))
     if (policy, key) == ("cuda", "py::cross_entropy"):
         pytest.skip("not a single cast under CUDA rules: test_cuda_cross_entropy_composes_like_pytorch")
     if category == "banned":
@@ -75,8 +75,8 @@ CPU_PARAMS = [p for p in PARAMS if p.values[0] == "cpu"]
 @pytest.mark.parametrize("policy,entry,category,key", CPU_PARAMS)
 def test_cpu_policy_matches_torch_cpu_autocast(device, policy, entry, category, key):
     """'cpu' gives the dtypes torch.autocast('cpu') gives, and close values."""
-    if key in NON_CONFORMANT.get(policy, {}):
-        pytest.skip("listed as non-conformant")
+    if skipped(policy, key, category):
+        pytest.skip(skipped(policy, key, category))
     ref = _cpu_autocast_result(category, key, LOW)
     got, _ = run_xla(device, policy, category, key, LOW)
     assert [t.dtype for t in got] == [t.dtype for t in ref]
@@ -126,8 +126,8 @@ FAKE_UNSUPPORTED = {
 def test_cuda_policy_matches_torch_cuda_autocast(device, policy, entry, category, key, dtype):
     """'cuda' gives the dtypes PyTorch's CUDA autocast gives (and raises where
     it raises), measured with PyTorch's AutocastCUDA kernels on fake tensors."""
-    if key in NON_CONFORMANT.get(policy, {}):
-        pytest.skip("listed as non-conformant")
+    if skipped(policy, key, category):
+        pytest.skip(skipped(policy, key, category))
     if category == "banned":
         with pytest.raises(RuntimeError, match="binary_cross_entropy_with_logits"):
             _fake_autocast_dtypes("cuda", category, key, dtype)
@@ -174,6 +174,15 @@ def test_non_conformant_pinned(device, policy, key):
     with pytest.raises(exc, match=match):
         with xla_amp.autocast(device, policy=policy):
             case.call(*floats, *extra)
+
+
+@pytest.mark.parametrize("key", sorted(HOST_LIMITS))
+def test_host_limits_pinned(key):
+    """Where a host limit was detected, plain CPU eager in bfloat16 -- no
+    XLA, no autocast -- raises; when torch computes it, the case runs again."""
+    case = CASES[key]
+    with pytest.raises(RuntimeError, match="primitive descriptor"):
+        case.call(*[t.to(torch.bfloat16) for t in case.inputs()])
 
 
 def test_non_conformance_documented():
