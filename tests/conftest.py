@@ -44,7 +44,7 @@ def device():
 # SuiteUnits below: xdist's scope scheduler with these units as scopes.
 LARGE_GRAPHS = {"test_zoo.py", "test_zoo_hf.py", "test_compiled_models.py"}
 SMALL_GRAPHS = {"test_launchers.py", "test_launcher_devices.py", "test_compiled_training.py",
-                "test_packaging.py", "test_distributed.py", "test_sharded_topology.py"}
+                "test_packaging.py", "test_distributed.py"}
 GROUP_ORDER = ("large-graphs", "small-graphs")
 
 

@@ -1,5 +1,5 @@
 """Launches whose process count is not the runtime's are refused (make
-test): shard_model, save and load each say so in one line naming both
+test; the torchrun run in make sharded): shard_model, save and load each say so in one line naming both
 numbers and what to do, before anything happens.
 
 Pinned known issue (torch_xla 2.9, /work/shared/NOTES.md "Multi-process on
@@ -41,6 +41,9 @@ def test_world_size_other_than_the_runtimes_is_refused_before_anything(
     sharded.load(tmp_path / "c", model=model)
 
 
+# two processes importing torch_xla: ~17 s on 2 busy cores, so in make sharded
+# (make test is at its 10-minute budget)
+@pytest.mark.sharded
 def test_two_processes_under_torchrun_are_refused_each_known_issue(tmp_path):
     env = dict(os.environ, PJRT_DEVICE="CPU", CPU_NUM_DEVICES="2", OMP_NUM_THREADS="1")
     for var in ("XLA_USE_SPMD", "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR",
