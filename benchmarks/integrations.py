@@ -38,7 +38,6 @@ import os
 import sys
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from _harness import (Pacer, PacedWorker, interleaved, markdown_table, median,  # noqa: E402
                       paired_ratio)

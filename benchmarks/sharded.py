@@ -31,9 +31,7 @@ import shutil
 import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import sharded_workload as wl  # noqa: E402  (this folder's)
+import sharded_workload as wl  # noqa: E402  (this folder's: a script's own folder is on its path)
 
 
 def _digest(tensors) -> str:

@@ -23,9 +23,7 @@ import torch_xla.runtime as xr  # noqa: E402
 
 if sys.argv[1] == "spmd":
     xr.use_spmd()
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "benchmarks"))
-import _harness as harness  # noqa: E402
+from benchmarks import _harness as harness  # noqa: E402  (the checkout is importable)
 import xla_amp  # noqa: E402
 from xla_amp import syncfree  # noqa: E402
 

@@ -2,16 +2,12 @@
 Trainer's --bf16 / --fp16 on XLA:CPU through xla_amp, on a small GPT-2
 trained 20 steps on the Python standard library's own sources (benchmarks/
 lm.py's corpus: shipped with Python, nothing downloaded)."""
-import os
-import sys
 
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "benchmarks"))
-from lm import corpus  # noqa: E402
+from benchmarks.lm import corpus  # noqa: E402
 from helpers_integrations import close, xla_env_vars  # noqa: E402
 import xla_amp  # noqa: E402
 from xla_amp import syncfree  # noqa: E402

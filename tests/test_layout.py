@@ -120,3 +120,16 @@ def test_public_names_and_paths(path, names):
         # the names, not the subpackages that share them
         assert isinstance(module.autocast, type) and callable(module.module_policies)
     assert os.path.dirname(module.__file__).startswith(str(PKG))
+
+
+def test_no_sys_path_edits():
+    """What tests, benchmarks and scripts share is importable (the checkout
+    is on the path; benchmarks/ is a package): nothing edits sys.path."""
+    import re
+    edits = []
+    for folder in ("xla_amp", "xla_amp_launch", "tests", "benchmarks", "scripts"):
+        for p in (ROOT / folder).rglob("*.py"):
+            for n, line in enumerate(p.read_text().splitlines(), 1):
+                if re.search(r"sys\.path\.(insert|append|extend)\(|sys\.path\s*[+]?=", line):
+                    edits.append(f"{p.relative_to(ROOT)}:{n}")
+    assert not edits, edits

@@ -7,9 +7,9 @@ pickle calls (pinned: tests/test_sharded_checkpoint_safety.py). Tensors
 are read with ``torch.load(weights_only=True)``; non-tensor entries (the
 optimizer's param groups, the scaler's state) reach the planner's
 ``load_bytes``, which in torch_xla 2.9's ``SPMDLoadPlanner`` calls
-``torch.load`` without ``weights_only`` -- safe only while nothing sets
-``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` (DCP's own default planner passes
-``weights_only=False``).
+``torch.load`` without saying ``weights_only`` -- safe only while nothing
+sets ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` (DCP's own default planner turns
+the weights-only reader off outright).
 
 So here:
 
