@@ -75,12 +75,9 @@ class Checkpoints:
             return None
         what = "--resume file"
         try:
-            state = c.read(self.resume, what=what)
+            state = c.load(self.resume, format=(FORMAT, OLD_FORMAT), what=what)
         except c.CheckpointError as e:
             fail(2, str(e))
-        if not isinstance(state, dict) or state.get("format") not in (FORMAT, OLD_FORMAT):
-            fail(2, f"{what} {self.resume} is not a checkpoint written by these launchers "
-                    "(--checkpoint)")
         saved = state.get("compat", {})
         diffs = [f"--{k}={saved.get(k)!r} there, --{k}={v!r} here"
                  for k, v in compat.items() if saved.get(k) != v and k not in CONVERTED]
@@ -104,11 +101,9 @@ class Checkpoints:
     def save(self, run, position: dict) -> None:
         """Write the checkpoint (raises xla_amp.checkpoint.CheckpointError on
         an OS failure: the caller ends the run with exit status 74)."""
-        import torch
         from xla_amp import checkpoint as c
         if not self.path:
             return
-        state = c.snapshot(run.model, run.optimizer, run.scaler, amp_dtype=run.amp_dtype,
-                           mesh=run.devices.mesh, format=FORMAT,
-                           extra={"position": dict(position), "compat": dict(run.compat)})
-        c.write_atomic(self.path, lambda f: torch.save(state, f), keep=self.keep)
+        c.save(self.path, model=run.model, optimizer=run.optimizer, scaler=run.scaler,
+               amp_dtype=run.amp_dtype, mesh=run.devices.mesh, keep=self.keep, format=FORMAT,
+               extra={"position": dict(position), "compat": dict(run.compat)})

@@ -35,7 +35,6 @@ converts them to the dtype it keeps (``state_dtype``).
 """
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -74,8 +73,8 @@ def convert(state: dict[str, Any], target: dict[str, Any], *,
     saved = state["record"]
     _structure(saved, target)
     model = dict(state["model"])
-    opt = copy.copy(state.get("optimizer"))
-    if opt is not None:
+    opt = state.get("optimizer")
+    if opt is not None:   # a copy down to the per-parameter dicts this edits
         opt = dict(opt, state={k: dict(v) for k, v in opt["state"].items()})
     index = {n: i for i, n in enumerate(saved["optimizer_params"])}
     done: list[str] = []

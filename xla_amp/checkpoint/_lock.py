@@ -74,10 +74,6 @@ class CheckpointLock:
             os.close(self._fd)  # closing the descriptor drops the lock
             self._fd = None
 
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
     def __enter__(self) -> "CheckpointLock":
         return self.acquire()
 

@@ -23,26 +23,28 @@ from typing import Any, Optional
 import torch
 
 FORMAT = 1
-GROUP_KEYS = ("master_weights", "stochastic_rounding", "state_dtype")
 
 
 def dtype_name(dtype: Optional[torch.dtype]) -> Optional[str]:
     return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
-def _mesh(mesh) -> Optional[dict]:
+def mesh_record(mesh) -> Optional[dict]:
+    """An SPMD mesh (``torch_xla.distributed.spmd.Mesh``) as plain data."""
     if mesh is None:
         return None
     return {"shape": [int(n) for n in mesh.mesh_shape],
-            "axis_names": [str(a) for a in (mesh.axis_names or ())]}
+            "axis_names": [str(a) for a in (mesh.axis_names or ())],
+            "device_ids": [int(d) for d in mesh.device_ids]}
 
 
 def group_options(group: dict) -> dict[str, Any]:
-    """A param group's low-precision options (``xla_amp.syncfree``), as plain
-    data; a group without them (torch.optim, a default group) has neither."""
-    return {"master_weights": bool(group.get("master_weights", False)),
-            "stochastic_rounding": bool(group.get("stochastic_rounding", False)),
-            "state_dtype": dtype_name(group.get("state_dtype"))}
+    """A param group's low-precision options (the keys ``xla_amp.syncfree``
+    defines them by), as plain data; a group without them (torch.optim, a
+    default group) has neither: flags False, state_dtype None."""
+    from xla_amp.syncfree._low_precision import KEYS
+    return {k: dtype_name(group.get(k)) if k == "state_dtype" else bool(group.get(k, False))
+            for k in KEYS}
 
 
 def training_record(model: torch.nn.Module, optimizer=None, scaler=None, *,
@@ -73,7 +75,7 @@ def training_record(model: torch.nn.Module, optimizer=None, scaler=None, *,
         "groups": groups,
         "amp_dtype": dtype_name(amp_dtype),
         "scaler": bool(scaler is not None and scaler.is_enabled()),
-        "mesh": _mesh(mesh),
+        "mesh": mesh_record(mesh),
     }
 
 

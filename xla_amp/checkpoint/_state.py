@@ -55,22 +55,27 @@ def snapshot(model, optimizer=None, scaler=None, *, amp_dtype=None, mesh=None,
 
 
 def save(path: str | os.PathLike, *, model, optimizer=None, scaler=None, amp_dtype=None,
-         mesh=None, extra: Optional[dict] = None, keep: int = 1) -> None:
+         mesh=None, extra: Optional[dict] = None, keep: int = 1,
+         format: str = FORMAT) -> None:
     """Write the run's state to `path` atomically (``_files.write_atomic``),
     keeping ``keep - 1`` older versions. `extra`: more plain data (the data
     position, the step). :class:`CheckpointError` (one line) on any OS
     failure; the previous checkpoint is then intact."""
-    state = snapshot(model, optimizer, scaler, amp_dtype=amp_dtype, mesh=mesh, extra=extra)
+    state = snapshot(model, optimizer, scaler, amp_dtype=amp_dtype, mesh=mesh, extra=extra,
+                     format=format)
     write_atomic(path, lambda f: torch.save(state, f), keep=keep)
 
 
-def load(path: str | os.PathLike, *, format: str = FORMAT, what: str = "checkpoint") -> dict:
+def load(path: str | os.PathLike, *, format: str | tuple[str, ...] = FORMAT,
+         what: str = "checkpoint") -> dict:
     """The state in `path`, read as data only (``_read.read``);
-    :class:`CheckpointError` unless it is a checkpoint of `format`."""
+    :class:`CheckpointError` unless it is a checkpoint of `format` (one of
+    them, for a tuple)."""
+    formats = (format,) if isinstance(format, str) else tuple(format)
     state = read(path, what=what)
-    if not isinstance(state, dict) or state.get("format") != format:
+    if not isinstance(state, dict) or state.get("format") not in formats:
         raise CheckpointError(f"{what} {os.fspath(path)} is not an xla_amp checkpoint "
-                              f"({format})")
+                              f"({' or '.join(formats)})")
     return state
 
 

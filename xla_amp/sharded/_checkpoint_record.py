@@ -26,7 +26,7 @@ import os
 from typing import Any
 
 from xla_amp.checkpoint._files import write_atomic
-from xla_amp.checkpoint._record import group_options
+from xla_amp.checkpoint._record import group_options, mesh_record
 
 FILE = "xla_amp_sharded.json"
 FORMAT = "xla_amp.sharded checkpoint"
@@ -40,12 +40,7 @@ def _mesh(model) -> dict[str, Any] | None:
     if mesh is None:
         import torch_xla.distributed.spmd as xs
         mesh = xs.get_global_mesh()
-    if mesh is None:
-        return None
-    names = mesh.axis_names
-    return {"shape": [int(n) for n in mesh.mesh_shape],
-            "axis_names": list(names) if names is not None else None,
-            "device_ids": [int(d) for d in mesh.device_ids]}
+    return mesh_record(mesh)
 
 
 def _precision(model) -> dict[str, Any] | None:
