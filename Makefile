@@ -8,7 +8,7 @@ SOURCES := $(wildcard csrc/*.cpp csrc/*/*.cpp csrc/*/*.h) setup.py pyproject.tom
 MAX_JOBS ?= 2
 export PJRT_DEVICE ?= CPU
 
-.PHONY: all venv build bazel wheel test integrations sharded faults zoo zoo-large demo bench docs clean
+.PHONY: all venv build bazel wheel test integrations sharded faults torchax zoo zoo-large demo bench docs clean
 
 all: test
 
@@ -16,7 +16,9 @@ $(STAMP): requirements.txt
 	test -x $(PY) || python3 -m venv .venv
 	$(PIP) install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
 	$(PIP) install -q -r requirements.txt 2>&1 | grep -v "^WARNING: Location" || true
+	$(PIP) install -q --no-deps --force-reinstall torchax==0.0.13 2>&1 | grep -v "^WARNING: Location" || true
 	$(PY) -c "import torch, torch_xla"  # fail here, not in the tests
+	$(PY) -c "import torchax; assert torchax.__version__ == '0.0.13', torchax.__version__"
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -98,6 +100,13 @@ sharded: build
 # signals against a run that needs the cores. ~6 minutes (48 tests).
 faults: build
 	$(PY) -m pytest -q -m faults --durations=10 tests
+
+# xla_amp on torchax (PyTorch on JAX, tests marked `torchax`): policy parity
+# with the torch_xla engine over the op tables, HLO dtypes, jitted training of
+# a GPT-2-shaped LM and a ResNet-18, loss-scaling skips on 1 and 4 devices,
+# two processes on one JAX mesh (jax.distributed, gloo), resume, bad input.
+torchax: build
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m torchax --durations=10 tests
 
 # The model-zoo sweep: the torchvision models of tests/test_zoo.py under every
 # policy (make test runs a subset), one model at a time: RegNet-Y alone grows

@@ -1,0 +1,21 @@
+"""xla_amp on torchax (PyTorch on JAX): the same policies, loss scaling and
+sync-free steps for models torchax runs.
+
+    autocast            xla_amp's policies applied to torchax's ops (_region.py)
+    module_policies     per-module policies inside those regions
+    LossScaler          a tensor-only, sync-free dynamic loss scaler (_scaler.py)
+    make_train_step     model + loss + optimizer + policy + scaler -> one
+                        jitted step (_step.py), optax or torch.optim optimizers
+
+torchax's internals are reached through _hook.py only; versions are checked
+(_pins.py) before torchax is imported. See docs/torchax.md.
+"""
+from xla_amp.torchax import _pins
+
+_pins.check_installed()
+
+from xla_amp.torchax._region import autocast  # noqa: E402
+from xla_amp.torchax._scaler import LossScaler  # noqa: E402
+from xla_amp.torchax._step import TrainStep, make_train_step  # noqa: E402
+
+__all__ = ["autocast", "LossScaler", "TrainStep", "make_train_step"]

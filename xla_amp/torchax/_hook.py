@@ -1,0 +1,79 @@
+"""The one door to torchax's internals (as _engine.py is to _C).
+
+torchax 0.0.13 has no public hook that sees every op: its autocast table
+(``torchax.amp.autocast_policy``) is a process-wide dict keyed by aten
+overloads, consulted only when ``env.param.autocast_dtype`` is set, and it
+never sees ``F.linear`` (torchax lowers it at the ``__torch_function__``
+level). Both of torchax's torch modes, ``XLAFunctionMode`` (Python-level
+functions) and ``XLADispatchMode`` (aten overloads), hand each call to
+``Environment.dispatch(func, types, args, kwargs)``; wrapping that bound
+method on one environment instance is the narrowest interception there is.
+What else is private and used here: ``Environment._get_op_or_decomp`` (does
+torchax lower an op?), ``torchax.tensor.OperatorNotFound`` (it does not)
+and ``torchax.view.View`` (a lazy view, materialised before a cast).
+tests/test_torchax_hook.py pins each of these against the installed torchax.
+Upstream note (docs/torchax.md): a public per-environment dispatch hook would
+make this file unnecessary.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import torch
+from torchax import tensor as _tensor
+from torchax.ops import mappings as _mappings
+from torchax.view import View
+
+OperatorNotFound = _tensor.OperatorNotFound
+Tensor = _tensor.Tensor
+Environment = _tensor.Environment
+
+
+class _Hooked:
+    """Stands in for ``env.dispatch``: ``on_dispatch(original, func, types,
+    args, kwargs)`` decides, ``original`` is torchax's own bound method."""
+
+    def __init__(self, original, on_dispatch):
+        self.original = original
+        self.on_dispatch = on_dispatch
+
+    def __call__(self, func, types, args, kwargs):
+        return self.on_dispatch(self.original, func, types, args, kwargs)
+
+
+def install(env, on_dispatch) -> None:
+    """Routes every op `env` dispatches through `on_dispatch`; a second call
+    on the same environment does nothing."""
+    if not isinstance(env, Environment):
+        raise TypeError(f"xla_amp.torchax: expected a torchax Environment, got "
+                        f"{type(env).__name__}")
+    if isinstance(env.__dict__.get("dispatch"), _Hooked):
+        return
+    env.dispatch = _Hooked(env.dispatch, on_dispatch)
+
+
+def installed(env) -> bool:
+    return isinstance(env.__dict__.get("dispatch"), _Hooked)
+
+
+def has_lowering(env, func) -> bool:
+    """Whether torchax can run `func` itself (a lowering or a decomposition)."""
+    try:
+        env._get_op_or_decomp(func)
+        return True
+    except OperatorNotFound:
+        return False
+
+
+def is_device_tensor(value) -> bool:
+    """A tensor that lives in JAX (autocast's "XLA tensor" on this backend)."""
+    return isinstance(value, (Tensor, View))
+
+
+def cast(value, dtype: torch.dtype):
+    """`value` (a torchax tensor or view) converted to `dtype` in JAX: a
+    ``convert_element_type`` in the traced program, differentiable by JAX."""
+    if isinstance(value, View):
+        value = value.torch()
+    if value.dtype == dtype:
+        return value
+    return value.apply_jax(jnp.astype, _mappings.t2j_dtype(dtype))

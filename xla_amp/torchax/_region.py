@@ -1,0 +1,180 @@
+"""`autocast` for torchax: xla_amp's policies applied to the ops torchax runs.
+
+    env = torchax.default_env()
+    with env, xla_amp.torchax.autocast("jax"):              # policy from JAX's backend
+    with env, xla_amp.torchax.autocast("jax", policy="cuda", dtype=torch.float16):
+
+Algorithm::
+
+    build:  policy = policy arg | the policy of the JAX backend
+                     (tpu -> "tpu", gpu -> "cuda", cpu -> "cpu")
+            dtype  = dtype arg  | policy.default_dtype
+            refuse a dtype the policy or the backend does not support
+            rules  = the policy compiled for torchax (_rules.py), cached
+            hook the environment's dispatch once (_hook.py)
+    enter:  push (rules, dtype) on this thread's stack (enabled=False pushes
+            "off": an inner region turns autocast off, as torch.autocast does)
+    exit:   pop what enter pushed, also on exceptions
+    op:     (every call torchax dispatches, Python-level and aten)
+            no region open, autocast off, or inside a cast op -> run as is
+            category of the op under the innermost region's rules:
+                none -> run as is (its decomposition is still autocast)
+                else -> cast the inputs (_rules.apply), run with autocast
+                        suspended; a Python-level function torchax does not
+                        lower runs its PyTorch decomposition on the cast inputs
+
+The policy acts while JAX traces: a jitted step holds only the converts the
+policy asked for, and the compiled program carries no autocast cost.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import torch
+
+from xla_amp import policies
+from xla_amp.policies._policy import Policy
+from xla_amp.torchax import _hook, _rules
+
+# JAX backend -> xla_amp hardware name (policies.HARDWARE_POLICY's keys)
+_BACKEND_HARDWARE = {"tpu": "TPU", "gpu": "CUDA", "cuda": "CUDA", "rocm": "CUDA",
+                     "cpu": "CPU", "neuron": "NEURON"}
+# Floating types a JAX backend computes in (TPUs have no float16 arithmetic).
+BACKEND_DTYPES = {"tpu": (torch.bfloat16,), "neuron": (torch.bfloat16,),
+                  "gpu": (torch.bfloat16, torch.float16),
+                  "cuda": (torch.bfloat16, torch.float16),
+                  "rocm": (torch.bfloat16, torch.float16),
+                  "cpu": (torch.bfloat16, torch.float16)}
+
+_state = threading.local()
+
+
+def _stack() -> list:
+    stack = getattr(_state, "stack", None)
+    if stack is None:
+        stack = _state.stack = []
+        _state.suspended = 0
+    return stack
+
+
+def current() -> tuple[_rules.Rules, torch.dtype] | None:
+    """(rules, dtype) of the innermost open region on this thread, or None
+    (no region, or the innermost one is disabled)."""
+    stack = getattr(_state, "stack", None)
+    return stack[-1] if stack else None
+
+
+@contextlib.contextmanager
+def _suspended():
+    _state.suspended += 1
+    try:
+        yield
+    finally:
+        _state.suspended -= 1
+
+
+def _on_dispatch(original, func, types, args, kwargs):
+    stack = getattr(_state, "stack", None)
+    if not stack or _state.suspended or stack[-1] is None:
+        return original(func, types, args, kwargs)
+    rules, dtype = stack[-1]
+    category = rules.lookup(func)
+    if category is None:
+        return original(func, types, args, kwargs)
+    kwargs = kwargs or {}
+    plan = _rules.apply(rules, category, func, args, kwargs, dtype)
+    if plan is not None:
+        func, args, kwargs = plan
+    with _suspended():
+        try:
+            return original(func, types, args, kwargs)
+        except _hook.OperatorNotFound:
+            if isinstance(func, torch._ops.OpOverload):
+                raise
+            return func(*args, **kwargs)  # torchax's own fallback, on the cast inputs
+
+
+def backend_name(backend: str | None) -> str:
+    if backend is None:
+        import jax
+        backend = jax.default_backend()
+    if backend not in BACKEND_DTYPES:
+        raise ValueError(f"xla_amp.torchax: unknown JAX backend {backend!r}; one of "
+                         f"{', '.join(BACKEND_DTYPES)}")
+    return backend
+
+
+def policy_for(policy, backend: str) -> Policy:
+    if policy is None:
+        return policies.for_hardware(_BACKEND_HARDWARE[backend])
+    if isinstance(policy, Policy):
+        return policy
+    if isinstance(policy, str):
+        return policies.get(policy)
+    raise TypeError(f"xla_amp.torchax.autocast: policy must be a name or a Policy, "
+                    f"got {type(policy).__name__}")
+
+
+def _device_ok(device) -> None:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"xla_amp.torchax.autocast: {device!r} is not a device") from None
+    if dev.type != "jax":
+        raise ValueError(f"xla_amp.torchax.autocast: device '{dev}' is not torchax's; pass "
+                         "'jax' (use xla_amp.autocast for torch_xla devices)")
+
+
+class autocast(contextlib.ContextDecorator):
+    """Autocast for torchax tensors; see the module docstring. Arguments as
+    `xla_amp.autocast`'s, with `device` ``"jax"``; `env` is the torchax
+    environment (default ``torchax.default_env()``); `backend` the JAX
+    backend the program is for (default ``jax.default_backend()``)."""
+
+    def __init__(self, device="jax", enabled: bool = True, dtype: torch.dtype | None = None,
+                 policy: str | Policy | None = None, *, env=None, backend: str | None = None):
+        _device_ok(device)
+        if not isinstance(enabled, bool):
+            raise ValueError(f"xla_amp.torchax.autocast: enabled must be a bool, got {enabled!r}")
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise ValueError(f"xla_amp.torchax.autocast: dtype must be a floating torch.dtype "
+                             f"or None, got {dtype!r}")
+        self.backend = backend_name(backend)
+        self.policy = policy_for(policy, self.backend)
+        self.dtype = self.policy.default_dtype if dtype is None else dtype
+        if enabled:
+            check_dtype(self.policy, self.dtype, self.backend)
+        self.enabled = enabled
+        self.rules = _rules.compile(self.policy)
+        if env is None:
+            import torchax
+            env = torchax.default_env()
+        self.env = env
+        _hook.install(env, _on_dispatch)
+        self._depth = []
+
+    def __enter__(self):
+        stack = _stack()
+        stack.append((self.rules, self.dtype) if self.enabled else None)
+        self._depth.append(len(stack))
+        return self
+
+    def __exit__(self, *exc):
+        depth = self._depth.pop()
+        del _stack()[depth - 1:]
+        return False
+
+
+def check_dtype(policy: Policy, dtype: torch.dtype, backend: str) -> None:
+    """ValueError unless `policy` supports `dtype` and JAX's `backend`
+    computes in it."""
+    if dtype not in policy.supported_dtypes:
+        raise ValueError(
+            f"xla_amp.torchax.autocast: policy {policy.name!r} does not support {dtype} "
+            f"(supported: {', '.join(map(str, policy.supported_dtypes))})")
+    if dtype not in BACKEND_DTYPES[backend]:
+        raise ValueError(
+            f"xla_amp.torchax.autocast: JAX backend {backend!r} has no {dtype} arithmetic "
+            f"(it computes in {', '.join(map(str, BACKEND_DTYPES[backend]))}); choose "
+            f"another dtype or policy")

@@ -1,0 +1,183 @@
+"""A policy compiled for torchax: which call gets which cast.
+
+torchax sees two kinds of calls (see _hook.py): aten overloads, keyed here
+by the overload itself, and Python-level functions (``F.linear``,
+``Tensor.softmax``, ``torch.conv1d``), keyed by name: PyTorch's Python API
+names its functions after the aten operators they reach, so a name the
+policy lists takes that entry's category. A few Python names differ from
+their operator (`ALIASES`). Casts follow the torch_xla engine's kernel
+(csrc/autocast/autocast_kernel.cpp), category for category::
+
+    eligible(t)         t lives in JAX, is floating and not float64
+    leave alone         in-place (name ends in "_"), out=, or dtype= given
+    lower_precision_fp  eligible inputs -> the region's dtype
+    fp32                eligible inputs -> float32
+    promote             eligible inputs -> widest (float32 wins, else the
+                        region's dtype)
+    fp32_set_opt_dtype  first input eligible -> inputs to float32 (what
+    fp32_append_dtype   dtype=float32 does; torchax's sum and norm lowerings
+                        ignore dtype=)
+    banned              raise the policy's explanation
+    then                the op runs with autocast suspended: nothing it
+                        decomposes into is cast again
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+from typing import Mapping
+
+import torch
+from torch.utils import _pytree as pytree
+
+from xla_amp import policies
+from xla_amp.policies import _ops as ops
+from xla_amp.policies._policy import Policy
+from xla_amp.torchax import _hook
+
+# Python-level name -> the aten operator it is (where the names differ).
+ALIASES = types.MappingProxyType({
+    "__matmul__": "matmul", "__rmatmul__": "matmul",
+    "cross_entropy": "cross_entropy_loss",
+    "__pow__": "pow", "__rpow__": "pow",
+    "__truediv__": "div", "__rtruediv__": "div", "__div__": "div", "__rdiv__": "div",
+    "true_divide": "div",
+})
+
+# Python functions torchax neither lowers nor lets it see inside (their
+# PyTorch bodies call C++ composites that decompose before torchax's dispatch
+# mode): the operator whose category governs them (the policy files' notes
+# on these names say the same).
+COMPOSITES = types.MappingProxyType({
+    "softmin": "softmax", "normalize": "linalg_vector_norm",
+    "cross_entropy": "log_softmax", "norm": "linalg_vector_norm",
+})
+
+
+def _overload(name: str) -> torch._ops.OpOverload:
+    ns, base, overload = ops.split(name)
+    return getattr(getattr(getattr(torch.ops, ns), base), overload or "default")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Rules:
+    """`policy` compiled: aten overload -> category, Python name -> category."""
+
+    policy: Policy
+    by_overload: Mapping[object, str]
+    by_name: Mapping[str, str]
+
+    def lookup(self, func) -> str | None:
+        cat = self.by_overload.get(func)
+        if cat is not None or isinstance(func, torch._ops.OpOverload):
+            return cat
+        name = getattr(func, "__name__", None)
+        if not isinstance(name, str):
+            return None
+        cat = self.by_name.get(ALIASES.get(name, name))
+        if cat is None and name in COMPOSITES:
+            cat = self.by_name.get(COMPOSITES[name])
+        return cat
+
+    def banned_message(self, func) -> str:
+        name = func.name() if isinstance(func, torch._ops.OpOverload) else func.__name__
+        base = ALIASES.get(name.split("::")[-1].split(".")[0], name.split("::")[-1].split(".")[0])
+        reason = (self.policy.banned_reasons.get(name.replace("aten.", "aten::"))
+                  or self.policy.banned_reasons.get(f"aten::{base}", ""))
+        return (f"xla_amp: {name} is banned in autocast regions under policy "
+                f"'{self.policy.name}'. {reason}")
+
+
+@functools.lru_cache(maxsize=64)
+def _compile_cached(policy: Policy, generation: int) -> Rules:
+    by_overload: dict[object, str] = {}
+    for name, cat in policy.expanded().items():
+        op = _overload(name)
+        by_overload[op] = cat
+    by_name: dict[str, str] = {}
+    ambiguous: set[str] = set()
+    for name, cat in policy.categories.items():
+        base = ops.split(name)[1]
+        if by_name.get(base, cat) != cat:
+            ambiguous.add(base)
+        by_name[base] = cat
+    for base in ambiguous:  # overloads in different categories: aten level decides
+        del by_name[base]
+    return Rules(policy, types.MappingProxyType(by_overload), types.MappingProxyType(by_name))
+
+
+def compile(policy: Policy) -> Rules:
+    """`policy` as torchax rules (cached per policy); ValueError on a bad one."""
+    return _compile_cached(policy, policies._generation)
+
+
+def _eligible(value) -> bool:
+    return (_hook.is_device_tensor(value) and value.dtype.is_floating_point
+            and value.dtype != torch.float64)
+
+
+def _cast_all(tree, dtype):
+    return pytree.tree_map_only((torch.Tensor,) + (_hook.View,),
+                                lambda t: _hook.cast(t, dtype) if _eligible(t) else t, tree)
+
+
+def _widest(tree, dtype):
+    widest = dtype
+    for leaf in pytree.tree_leaves(tree):
+        if _eligible(leaf) and leaf.dtype != widest:
+            widest = torch.float32
+    return widest
+
+
+def _first_tensor(args):
+    for a in args:
+        if isinstance(a, (torch.Tensor, _hook.View)):
+            return a
+        if isinstance(a, (list, tuple)) and a and isinstance(a[0], (torch.Tensor, _hook.View)):
+            return a[0]
+        return None
+    return None
+
+
+def _dtype_given(func, args, kwargs) -> bool:
+    """Whether the call states its own dtype= (autocast leaves it alone)."""
+    if kwargs.get("dtype") is not None:
+        return True
+    if isinstance(func, torch._ops.OpOverload):
+        names = [a.name for a in func._schema.arguments]
+        i = names.index("dtype") if "dtype" in names else len(args)
+        return i < len(args) and args[i] is not None
+    return any(isinstance(a, torch.dtype) for a in args)
+
+
+def _mutates(func, kwargs) -> bool:
+    if isinstance(func, torch._ops.OpOverload):
+        return func._schema.is_mutable
+    name = getattr(func, "__name__", "")
+    return kwargs.get("out") is not None or (name.endswith("_") and not name.endswith("__"))
+
+
+def apply(rules: Rules, category: str, func, args, kwargs, dtype):
+    """(func, args, kwargs) to run for a call in `category`, or None when the
+    call is left alone (it runs as written, autocast still on inside)."""
+    if category == "banned":
+        raise RuntimeError(rules.banned_message(func))
+    if _mutates(func, kwargs):
+        return None
+    if _dtype_given(func, args, kwargs):
+        return None
+    if category == "lower_precision_fp":
+        args, kwargs = _cast_all((args, kwargs), dtype)
+    elif category == "fp32":
+        args, kwargs = _cast_all((args, kwargs), torch.float32)
+    elif category == "promote":
+        args, kwargs = _cast_all((args, kwargs), _widest((args, kwargs), dtype))
+    elif category in ("fp32_set_opt_dtype", "fp32_append_dtype"):
+        # dtype=float32 means "cast the input to float32 first" (PyTorch's
+        # documentation of the argument); torchax's lowerings of sum and the
+        # norms ignore dtype=, so the cast is made here
+        if not _eligible(_first_tensor(args)):
+            return None
+        args, kwargs = _cast_all((args, kwargs), torch.float32)
+    return func, args, kwargs

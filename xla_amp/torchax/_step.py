@@ -1,0 +1,209 @@
+"""`make_train_step`: a model, a loss, an optimizer, a policy and a loss
+scaler as one jitted torchax training step.
+
+    step = make_train_step(model, loss_fn, optax.adamw(1e-3), policy="tpu")
+    for x, y in batches:
+        loss = step(x, y)              # a JAX array; nothing read back
+
+Algorithm (one jax.jit, one XLA program per step)::
+
+    state = (params, buffers, opt_state, scaler_state)   # JAX arrays
+    step(state, batch):
+        (scaled, (loss, buffers')), grads = value_and_grad over params of:
+            with env, autocast(policy, dtype):            # _region.py
+                out  = functional_call(model, params + buffers, inputs)
+                loss = loss_fn(out, target)
+            scaled = scaler.scale(loss)
+        grads, found_inf = scaler.unscale(grads)         # one reduction;
+                                                         # global on a mesh
+        params', opt_state' = optimizer update           # _optim.py
+        params, opt_state = where(found_inf, old, new)   # a skip keeps them
+        scaler_state = scaler.update(found_inf)          #   bit for bit
+        return state', (loss, found_inf, scale)
+
+With a `mesh`, parameters (and the optimizer state made from them) are
+replicated or FSDP-sharded (dim 0 over every mesh axis where it divides)
+and the batch is split along its first dimension: JAX's SPMD partitioner
+places the collectives, found_inf included. Works the same across
+processes after ``jax.distributed.initialize``.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from xla_amp.torchax import _optim
+from xla_amp.torchax._region import autocast as _autocast
+from xla_amp.torchax._scaler import LossScaler
+
+SHARDING = ("replicate", "fsdp")
+
+
+def _param_sharding(mesh, arr, how):
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    axes = tuple(mesh.axis_names)
+    if how == "fsdp" and arr.ndim and arr.shape[0] % mesh.devices.size == 0:
+        return NamedSharding(mesh, P(axes))
+    return NamedSharding(mesh, P())
+
+
+class TrainStep:
+    """The jitted step and the state it carries; see the module docstring."""
+
+    def __init__(self, model, loss_fn, optimizer, *, policy=None, dtype=None, enabled=True,
+                 scaler: LossScaler | None = None, mesh=None, sharding="replicate", env=None,
+                 backend=None):
+        import torchax
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"make_train_step: model must be an nn.Module, got "
+                            f"{type(model).__name__}")
+        if not callable(loss_fn):
+            raise TypeError("make_train_step: loss_fn must be callable(output, target)")
+        if sharding not in SHARDING:
+            raise ValueError(f"make_train_step: sharding must be one of {SHARDING}, got "
+                             f"{sharding!r}")
+        if scaler is not None and not isinstance(scaler, LossScaler):
+            raise TypeError(f"make_train_step: scaler must be a LossScaler, got "
+                            f"{type(scaler).__name__}")
+        self.env = env or torchax.default_env()
+        self.region = _autocast("jax", enabled=enabled, dtype=dtype, policy=policy,
+                                env=self.env, backend=backend)
+        self.scaler = scaler or LossScaler(enabled=False)
+        self.model, self.loss_fn, self.mesh, self.sharding = model, loss_fn, mesh, sharding
+        names_by_id = {id(p): n for n, p in model.named_parameters()}
+        self.optimizer = _optim.adapter(optimizer, names_by_id)
+        params = {n: p.detach() for n, p in model.named_parameters()}
+        buffers = {n: b.detach() for n, b in model.named_buffers()}
+        params, buffers = self.env.t2j_copy(params), self.env.t2j_copy(buffers)
+        with self.env:
+            scaler_state = {k: v.jax() for k, v in self.scaler.init().items()}
+        opt_state = self.optimizer.init(params, self.env)
+        self.state = self._place((params, buffers, opt_state, scaler_state))
+        self._jitted = jax.jit(self._step)
+        self.metrics = {}
+
+    # -- placement ---------------------------------------------------------
+    def _place(self, state):
+        if self.mesh is None:
+            return state
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        params, buffers, opt_state, scaler_state = state
+        shard = lambda a: jax.device_put(a, _param_sharding(self.mesh, a, self.sharding))  # noqa: E731
+        rep = lambda a: jax.device_put(a, NamedSharding(self.mesh, P()))  # noqa: E731
+        return (jax.tree_util.tree_map(shard, params), jax.tree_util.tree_map(rep, buffers),
+                jax.tree_util.tree_map(shard, opt_state), jax.tree_util.tree_map(rep, scaler_state))
+
+    def place_batch(self, *batch):
+        """Batch arrays as the step takes them (split along dim 0 on a mesh)."""
+        out = []
+        for b in batch:
+            if isinstance(b, torch.Tensor) and not hasattr(b, "jax"):
+                b = self.env.t2j_copy(b)
+            elif hasattr(b, "jax"):
+                b = b.jax()
+            if self.mesh is not None:
+                from jax.sharding import NamedSharding, PartitionSpec as P
+                b = jax.device_put(b, NamedSharding(self.mesh, P(tuple(self.mesh.axis_names))))
+            out.append(b)
+        return tuple(out)
+
+    # -- the step ----------------------------------------------------------
+    def _forward_loss(self, params, buffers, scaler_state, batch):
+        env = self.env
+        with env, self.region:
+            p, b, s, args = env.j2t_iso((params, buffers, scaler_state, batch))
+            out = torch.func.functional_call(self.model, {**p, **b}, tuple(args[:-1]))
+            loss = self.loss_fn(out, args[-1])
+        with env:
+            scaled = self.scaler.scale(loss, s)
+            new_buffers = {k: v.jax() for k, v in b.items()}
+            return scaled.jax(), (loss.jax(), new_buffers)
+
+    def _step(self, state, batch):
+        params, buffers, opt_state, scaler_state = state
+        (_, (loss, buffers)), grads = jax.value_and_grad(self._forward_loss, has_aux=True)(
+            params, buffers, scaler_state, batch)
+        env = self.env
+        with env:
+            g, s = env.j2t_iso((grads, scaler_state))
+            g, found_inf = self.scaler.unscale(g, s)
+            grads, found_inf_j = env.t2j_iso((g, found_inf))
+        new_params, new_opt = self.optimizer.update(params, grads, opt_state, env)
+        keep = lambda old, new: jnp.where(found_inf_j, old, new)  # noqa: E731
+        params = jax.tree_util.tree_map(keep, params, new_params)
+        opt_state = jax.tree_util.tree_map(keep, opt_state, new_opt)
+        with env:
+            s = self.scaler.update(env.j2t_iso(scaler_state), env.j2t_iso(found_inf_j))
+            scaler_state = env.t2j_iso(s)
+        metrics = {"loss": loss, "found_inf": found_inf_j, "scale": scaler_state["scale"]}
+        return (params, buffers, opt_state, scaler_state), metrics
+
+    def __call__(self, *batch):
+        """One step on `batch` (inputs..., target); returns the loss (a JAX
+        array: reading it is the caller's choice)."""
+        self.state, self.metrics = self._jitted(self.state, self.place_batch(*batch))
+        return self.metrics["loss"]
+
+    def lower(self, *batch):
+        """jax.jit(...).lower for this step's arguments (HLO inspection)."""
+        return self._jitted.lower(self.state, self.place_batch(*batch))
+
+    # -- checkpoints -------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything the step carries, as CPU tensors (bit-exact), plus the
+        scaler's GradScaler-style state_dict: save it with torch.save and
+        read it back with ``weights_only=True``."""
+        params, buffers, opt_state, scaler_state = self.state
+        to_t = lambda a: torch.from_numpy(np.array(jax.device_get(a)))  # noqa: E731
+        with self.env:
+            scaler_sd = self.scaler.state_dict(self.env.j2t_iso(scaler_state))
+        return {"model": {k: to_t(v) for k, v in {**params, **buffers}.items()},
+                "optimizer": [to_t(a) for a in jax.tree_util.tree_leaves(opt_state)],
+                "scaler": scaler_sd}
+
+    def load_state_dict(self, sd: dict) -> None:
+        """Restores `state_dict()`'s output; checks every entry against this
+        step's own state first and changes nothing on a mismatch."""
+        params, buffers, opt_state, _ = self.state
+        if not isinstance(sd, dict) or set(sd) != {"model", "optimizer", "scaler"}:
+            raise ValueError("TrainStep.load_state_dict: expected the keys model, optimizer, "
+                             "scaler")
+        model = sd["model"]
+        expected = {**params, **buffers}
+        if set(model) != set(expected):
+            diff = sorted(set(model) ^ set(expected))
+            raise ValueError(f"TrainStep.load_state_dict: model entries differ: {diff[:5]}")
+        for k, a in expected.items():
+            _check(f"model[{k!r}]", model[k], a)
+        leaves, treedef = jax.tree_util.tree_flatten(opt_state)
+        if len(sd["optimizer"]) != len(leaves):
+            raise ValueError(f"TrainStep.load_state_dict: the optimizer state has "
+                             f"{len(sd['optimizer'])} entries, this step's has {len(leaves)}")
+        for i, (t, a) in enumerate(zip(sd["optimizer"], leaves)):
+            _check(f"optimizer[{i}]", t, a)
+        scaler_state = self.scaler.load_state_dict(sd["scaler"])
+        with self.env:
+            scaler_state = {k: v.jax() for k, v in scaler_state.items()}
+        to_j = lambda t: jnp.asarray(t.numpy())  # noqa: E731
+        self.state = self._place((
+            {k: to_j(model[k]) for k in params}, {k: to_j(model[k]) for k in buffers},
+            jax.tree_util.tree_unflatten(treedef, [to_j(t) for t in sd["optimizer"]]),
+            scaler_state))
+
+
+def _check(where, t, a):
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"TrainStep.load_state_dict: {where} is a {type(t).__name__}, "
+                         "not a tensor")
+    if tuple(t.shape) != tuple(a.shape) or str(t.dtype).split(".")[-1] != str(a.dtype):
+        raise ValueError(f"TrainStep.load_state_dict: {where} is {tuple(t.shape)} "
+                         f"{t.dtype}, this step holds {tuple(a.shape)} {a.dtype}")
+
+
+def make_train_step(model, loss_fn, optimizer, **options) -> TrainStep:
+    """Builds a `TrainStep`; options as TrainStep's (policy, dtype, enabled,
+    scaler, mesh, sharding, env, backend). The model's parameters are copied
+    into JAX: train through the step, read results from ``step.state``."""
+    return TrainStep(model, loss_fn, optimizer, **options)
