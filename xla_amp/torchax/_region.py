@@ -151,6 +151,7 @@ class autocast(contextlib.ContextDecorator):
             import torchax
             env = torchax.default_env()
         self.env = env
+        check_dispatchable(self.policy, env)
         _hook.install(env, _on_dispatch)
         self._depth = []
 
@@ -178,3 +179,36 @@ def check_dtype(policy: Policy, dtype: torch.dtype, backend: str) -> None:
             f"xla_amp.torchax.autocast: JAX backend {backend!r} has no {dtype} arithmetic "
             f"(it computes in {', '.join(map(str, BACKEND_DTYPES[backend]))}); choose "
             f"another dtype or policy")
+
+
+_dispatchable: dict[tuple[int, int], bool] = {}
+
+
+def check_dispatchable(policy: Policy, env) -> None:
+    """ValueError naming the first op a user put in `policy` (an override, or
+    an op no built-in policy lists) that torchax can neither run nor
+    decompose. Built-in entries torchax lacks fail only when called, with
+    torchax's own error (docs/torchax.md lists them)."""
+    key = (id(policy), id(env))
+    if _dispatchable.get(key):
+        return
+    builtin = {op for name in policies.builtin_names() for op in policies.get(name).categories}
+    from xla_amp.policies import _ops as ops
+    for op, cat in sorted(policy.categories.items()):
+        if cat == "banned" or (op in builtin and policy.sources.get(op) != "override"):
+            continue
+        if not any(_runs(env, overload) for overload in ops.overloads(op)):
+            raise ValueError(
+                f"xla_amp.torchax.autocast: policy {policy.name!r} puts {op} in [{cat}], "
+                "but torchax has no lowering for it and it does not decompose into ops "
+                "torchax runs; remove it from the policy (Policy.with_overrides(remove=...))")
+    _dispatchable[key] = True
+
+
+def _runs(env, overload: str) -> bool:
+    if torch._C._dispatch_has_kernel_for_dispatch_key(overload, "CompositeImplicitAutograd"):
+        return True
+    ns, _, rest = overload.partition("::")
+    base, _, name = rest.partition(".")
+    return _hook.has_lowering(env, getattr(getattr(getattr(torch.ops, ns), base),
+                                           name or "default"))

@@ -104,9 +104,9 @@ class LossScaler:
         scalars from the device: call at checkpoint time, not in the step)."""
         if not self.enabled:
             return {}
-        return {"scale": float(state["scale"].cpu()), "growth_factor": self.growth_factor,
+        return {"scale": float(_host(state["scale"])), "growth_factor": self.growth_factor,
                 "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval,
-                "_growth_tracker": int(state["growth_tracker"].cpu())}
+                "_growth_tracker": int(_host(state["growth_tracker"]))}
 
     def load_state_dict(self, state_dict, device="jax") -> dict[str, torch.Tensor]:
         """A state from a `state_dict` (ours or a torch_xla / torch GradScaler's);
@@ -138,3 +138,13 @@ class LossScaler:
                              f"[0, {self.growth_interval}), got {tracker!r}")
         return {"scale": torch.full((), float(scale), dtype=torch.float32, device=device),
                 "growth_tracker": torch.full((), tracker, dtype=torch.int32, device=device)}
+
+
+def _host(value):
+    """A scalar's value on the host, inside the torchax environment or not."""
+    if hasattr(value, "jax"):
+        value = value.jax()
+    if isinstance(value, torch.Tensor):
+        return value.item()
+    import numpy as np
+    return np.asarray(value).item()

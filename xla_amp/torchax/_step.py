@@ -90,13 +90,16 @@ class TrainStep:
             return state
         from jax.sharding import NamedSharding, PartitionSpec as P
         params, buffers, opt_state, scaler_state = state
-        shard = lambda a: jax.device_put(a, _param_sharding(self.mesh, a, self.sharding))  # noqa: E731
-        rep = lambda a: jax.device_put(a, NamedSharding(self.mesh, P()))  # noqa: E731
+        shard = lambda a: _put(a, _param_sharding(self.mesh, a, self.sharding))  # noqa: E731
+        rep = lambda a: _put(a, NamedSharding(self.mesh, P()))  # noqa: E731
         return (jax.tree_util.tree_map(shard, params), jax.tree_util.tree_map(rep, buffers),
                 jax.tree_util.tree_map(shard, opt_state), jax.tree_util.tree_map(rep, scaler_state))
 
     def place_batch(self, *batch):
-        """Batch arrays as the step takes them (split along dim 0 on a mesh)."""
+        """Batch arrays as the step takes them (split along dim 0 on a mesh).
+        Across processes every process passes the global batch, as one
+        process does; each fills the rows its own devices hold from its own
+        copy (`_put`)."""
         out = []
         for b in batch:
             if isinstance(b, torch.Tensor) and not hasattr(b, "jax"):
@@ -105,7 +108,7 @@ class TrainStep:
                 b = b.jax()
             if self.mesh is not None:
                 from jax.sharding import NamedSharding, PartitionSpec as P
-                b = jax.device_put(b, NamedSharding(self.mesh, P(tuple(self.mesh.axis_names))))
+                b = _put(b, NamedSharding(self.mesh, P(tuple(self.mesh.axis_names))))
             out.append(b)
         return tuple(out)
 
@@ -154,9 +157,11 @@ class TrainStep:
     def state_dict(self) -> dict:
         """Everything the step carries, as CPU tensors (bit-exact), plus the
         scaler's GradScaler-style state_dict: save it with torch.save and
-        read it back with ``weights_only=True``."""
+        read it back with ``weights_only=True``. Across processes every
+        process calls it (sharded leaves are gathered: a collective) and
+        gets the whole state."""
         params, buffers, opt_state, scaler_state = self.state
-        to_t = lambda a: torch.from_numpy(np.array(jax.device_get(a)))  # noqa: E731
+        to_t = lambda a: torch.from_numpy(_host(a))  # noqa: E731
         with self.env:
             scaler_sd = self.scaler.state_dict(self.env.j2t_iso(scaler_state))
         return {"model": {k: to_t(v) for k, v in {**params, **buffers}.items()},
@@ -183,14 +188,43 @@ class TrainStep:
                              f"{len(sd['optimizer'])} entries, this step's has {len(leaves)}")
         for i, (t, a) in enumerate(zip(sd["optimizer"], leaves)):
             _check(f"optimizer[{i}]", t, a)
-        scaler_state = self.scaler.load_state_dict(sd["scaler"])
         with self.env:
-            scaler_state = {k: v.jax() for k, v in scaler_state.items()}
+            scaler_state = {k: v.jax() for k, v in self.scaler.load_state_dict(sd["scaler"]).items()}
         to_j = lambda t: jnp.asarray(t.numpy())  # noqa: E731
         self.state = self._place((
             {k: to_j(model[k]) for k in params}, {k: to_j(model[k]) for k in buffers},
             jax.tree_util.tree_unflatten(treedef, [to_j(t) for t in sd["optimizer"]]),
             scaler_state))
+
+
+def _put(a, sharding):
+    """`a` (a local JAX or NumPy array, the whole value) placed with
+    `sharding`. Within one process: jax.device_put. Across processes
+    (`sharding` not fully addressable): each process fills only the shards
+    its own devices hold, from its own copy (make_array_from_callback) --
+    no transfer between processes and no equality check, which
+    jax.device_put would make by gathering the whole value from every
+    process, and which refuses batches that differ where no device of the
+    process reads them. An array already spread over processes is
+    resharded by jax.device_put."""
+    if sharding.is_fully_addressable or (isinstance(a, jax.Array)
+                                         and not a.is_fully_addressable):
+        return jax.device_put(a, sharding)
+    host = np.asarray(a)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def _host(a) -> np.ndarray:
+    """The whole of `a` as a NumPy array on this process (bit-exact): read
+    locally when this process holds all of it (every element on one of its
+    devices: fully addressable, or fully replicated), else gathered from
+    every process (process_allgather: a collective every process joins)."""
+    if a.is_fully_addressable:
+        return np.array(jax.device_get(a))
+    if a.is_fully_replicated:
+        return np.array(a.addressable_data(0))
+    from jax.experimental import multihost_utils
+    return np.array(multihost_utils.process_allgather(a, tiled=True))
 
 
 def _check(where, t, a):
