@@ -127,3 +127,24 @@ def test_hook_pins_torchax_internals():
     assert not _hook.has_lowering(ENV, torch.ops.aten.conv_tbc.default)
     assert callable(tensor.Tensor.apply_jax)
     assert _hook.installed(ENV)  # this module's steps installed it
+
+
+@pytest.mark.parametrize("rule", ["fp32", "cuda"])
+def test_module_policies_rule_one_layer(rule):
+    """xla_amp.torchax.module_policies: the last Linear under its own rule
+    ("fp32": its dots stay float32; "cuda" with a tpu region: bf16, the
+    region's dtype), the others under the region's tpu policy."""
+    model, x, y, loss = mlp()
+    handle = xt.module_policies(model, {"4": rule})
+    try:
+        text = xt.make_train_step(model, loss, optax.sgd(0.1), policy="tpu").lower(x, y).as_text()
+    finally:
+        handle.remove()
+    dots = [_dtype_of(r) for _, r in _ops(text, "dot_general")]
+    want_last = "f32" if rule == "fp32" else "bf16"
+    assert dots.count(want_last) >= 2 and "bf16" in dots, dots
+    if rule == "fp32":
+        # the ruled layer's forward and weight gradient are f32, the rest bf16
+        assert dots.count("f32") in (2, 3) and dots.count("bf16") >= 4, dots
+    text = xt.make_train_step(model, loss, optax.sgd(0.1), policy="tpu").lower(x, y).as_text()
+    assert {_dtype_of(r) for _, r in _ops(text, "dot_general")} == {"bf16"}  # removed

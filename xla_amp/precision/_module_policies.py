@@ -107,13 +107,31 @@ def _matches(key, name: str, module: nn.Module) -> bool:
     return isinstance(module, key)
 
 
+class XlaRegions:
+    """Where module rules act: torch_xla's autocast (the default backend).
+    Another backend (xla_amp.torchax) supplies the same two functions."""
+
+    @staticmethod
+    def active_dtype() -> torch.dtype | None:
+        """The enclosing region's dtype, or None when autocast is off here."""
+        return torch.get_autocast_dtype("xla") if torch.is_autocast_enabled("xla") else None
+
+    @staticmethod
+    def regions(policy: Policy) -> dict:
+        """dtype -> a region of `policy` (the device only names the type:
+        autocast state is per device type)."""
+        return {dtype: autocast("xla:0", dtype=dtype, policy=policy)
+                for dtype in policy.supported_dtypes}
+
+
 class _RuledForward:
     """Replaces a ruled module's ``forward`` (an instance attribute, removed
     again by the handle)."""
 
-    def __init__(self, module: nn.Module, target: Policy | str):
+    def __init__(self, module: nn.Module, target: Policy | str, backend=XlaRegions):
         self.module = module
         self.target = target
+        self.backend = backend
         self.previous = module.__dict__.get("forward")  # an earlier instance forward
         self._build_regions()
 
@@ -122,17 +140,16 @@ class _RuledForward:
             self.regions, self.fallback = {}, None
             return
         policy = fp32_policy() if self.target == FP32 else self.target
-        # The device only names the device type: autocast state is per type.
-        self.regions = {dtype: autocast("xla:0", dtype=dtype, policy=policy)
-                        for dtype in policy.supported_dtypes}
-        self.fallback = self.regions[policy.default_dtype]
+        self.regions = self.backend.regions(policy)
+        self.fallback = self.regions.get(policy.default_dtype) or next(iter(self.regions.values()))
 
     def __call__(self, *args, **kwargs):
-        if self.target is None or not torch.is_autocast_enabled("xla"):
+        dtype = None if self.target is None else self.backend.active_dtype()
+        if dtype is None:
             return self._forward(args, kwargs)
         if self.target == FP32:
             args, kwargs = _to_float32((args, kwargs))
-        with self.regions.get(torch.get_autocast_dtype("xla"), self.fallback):
+        with self.regions.get(dtype, self.fallback):
             return self._forward(args, kwargs)
 
     def _forward(self, args, kwargs):
@@ -194,7 +211,7 @@ class ModulePolicyHandle:
         self._wrapped = []
 
 
-def module_policies(model: nn.Module, rules) -> ModulePolicyHandle:
+def module_policies(model: nn.Module, rules, *, _backend=XlaRegions) -> ModulePolicyHandle:
     """Installs per-module policies on `model`; see the module docstring.
     Call it once, before training (and before torch.compile); the rules act
     inside every autocast region for XLA until ``handle.remove()``."""
@@ -215,7 +232,7 @@ def module_policies(model: nn.Module, rules) -> ModulePolicyHandle:
                           f"{type(model).__name__}", stacklevel=2)
     wrapped = []
     for module, target in chosen.values():
-        w = _RuledForward(module, target)
+        w = _RuledForward(module, target, _backend)
         module.forward = w
         wrapped.append(w)
     return ModulePolicyHandle(wrapped, {n: t if t == FP32 else t.name

@@ -14,8 +14,8 @@ from xla_amp.torchax import _pins
 
 _pins.check_installed()
 
-from xla_amp.torchax._region import autocast  # noqa: E402
+from xla_amp.torchax._region import autocast, module_policies  # noqa: E402
 from xla_amp.torchax._scaler import LossScaler  # noqa: E402
 from xla_amp.torchax._step import TrainStep, make_train_step  # noqa: E402
 
-__all__ = ["autocast", "LossScaler", "TrainStep", "make_train_step"]
+__all__ = ["autocast", "module_policies", "LossScaler", "TrainStep", "make_train_step"]

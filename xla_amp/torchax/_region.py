@@ -212,3 +212,27 @@ def _runs(env, overload: str) -> bool:
     base, _, name = rest.partition(".")
     return _hook.has_lowering(env, getattr(getattr(getattr(torch.ops, ns), base),
                                            name or "default"))
+
+
+class Regions:
+    """Module policies' backend for torchax (precision/_module_policies.py):
+    rules act inside `autocast` regions on this thread."""
+
+    @staticmethod
+    def active_dtype() -> torch.dtype | None:
+        top = current()
+        return None if top is None else top[1]
+
+    @staticmethod
+    def regions(policy: Policy) -> dict:
+        return {dtype: autocast("jax", dtype=dtype, policy=policy)
+                for dtype in policy.supported_dtypes
+                if dtype in BACKEND_DTYPES[backend_name(None)]}
+
+
+def module_policies(model, rules):
+    """`xla_amp.module_policies` for torchax: the same rules (module types or
+    name globs -> a policy or "fp32"), acting inside `autocast` regions of
+    this backend. Returns the handle whose ``remove()`` takes them out."""
+    from xla_amp.precision._module_policies import module_policies as install
+    return install(model, rules, _backend=Regions)
