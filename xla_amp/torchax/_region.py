@@ -81,7 +81,7 @@ def _on_dispatch(original, func, types, args, kwargs):
     rules, dtype = stack[-1]
     category = rules.lookup(func)
     if category is None:
-        return original(func, types, args, kwargs)
+        return _adapted(original, rules, func, types, args, kwargs)
     kwargs = kwargs or {}
     plan = _rules.apply(rules, category, func, args, kwargs, dtype)
     if plan is not None:
@@ -93,6 +93,27 @@ def _on_dispatch(original, func, types, args, kwargs):
             if isinstance(func, torch._ops.OpOverload):
                 raise
             return func(*args, **kwargs)  # torchax's own fallback, on the cast inputs
+
+
+def _adapted(original, rules, func, types, args, kwargs):
+    """An op in no category: the policy's XLA adaptation, if it has one."""
+    kind = rules.adaptation(func)
+    plan = None if kind is None else _rules.adapt(kind, args, kwargs or {})
+    if plan is None:
+        return original(func, types, args, kwargs)
+    args, kwargs, out_dtype = plan
+    with _suspended():
+        try:
+            out = original(func, types, args, kwargs)
+        except _hook.OperatorNotFound:
+            if isinstance(func, torch._ops.OpOverload):
+                raise
+            out = func(*args, **kwargs)
+    if out_dtype is None:
+        return out
+    if isinstance(out, (tuple, list)):
+        return type(out)([_hook.cast(out[0], out_dtype), *out[1:]])
+    return _hook.cast(out, out_dtype)
 
 
 def backend_name(backend: str | None) -> str:

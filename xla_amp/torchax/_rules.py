@@ -20,6 +20,16 @@ their operator (`ALIASES`). Casts follow the torch_xla engine's kernel
     banned              raise the policy's explanation
     then                the op runs with autocast suspended: nothing it
                         decomposes into is cast again
+
+The policy's XLA adaptations apply here too (an op in no category): JAX
+computes a batch norm of a low-precision input with float32 parameters in
+the input's type, and its float16 backward overflows at small batch
+variance (ResNet-18's last block: every gradient non-finite), as PyTorch/XLA's
+lowering does::
+
+    fp32_compute   a low-precision eligible input and a float32 one ->
+                   inputs to float32, first output back to the input's type
+    promote_mixed  eligible inputs of mixed types -> float32
 """
 from __future__ import annotations
 
@@ -67,6 +77,8 @@ class Rules:
     policy: Policy
     by_overload: Mapping[object, str]
     by_name: Mapping[str, str]
+    adapt_overload: Mapping[object, str]     # XLA adaptations, same keys
+    adapt_name: Mapping[str, str]
 
     def lookup(self, func) -> str | None:
         cat = self.by_overload.get(func)
@@ -79,6 +91,13 @@ class Rules:
         if cat is None and name in COMPOSITES:
             cat = self.by_name.get(COMPOSITES[name])
         return cat
+
+    def adaptation(self, func) -> str | None:
+        kind = self.adapt_overload.get(func)
+        if kind is not None or isinstance(func, torch._ops.OpOverload):
+            return kind
+        name = getattr(func, "__name__", None)
+        return self.adapt_name.get(name) if isinstance(name, str) else None
 
     def banned_message(self, func) -> str:
         name = func.name() if isinstance(func, torch._ops.OpOverload) else func.__name__
@@ -104,7 +123,19 @@ def _compile_cached(policy: Policy, generation: int) -> Rules:
         by_name[base] = cat
     for base in ambiguous:  # overloads in different categories: aten level decides
         del by_name[base]
-    return Rules(policy, types.MappingProxyType(by_overload), types.MappingProxyType(by_name))
+    adapt_overload: dict[object, str] = {}
+    adapt_name: dict[str, str] = {}
+    for name, kind in policy.adaptations.items():
+        if name in policy.categories:
+            continue
+        for overload in ops.overloads(name):
+            if overload not in policy.expanded():
+                adapt_overload[_overload(overload)] = kind
+        if "." not in name:
+            adapt_name[ops.split(name)[1]] = kind
+    frozen = types.MappingProxyType
+    return Rules(policy, frozen(by_overload), frozen(by_name), frozen(adapt_overload),
+                 frozen(adapt_name))
 
 
 def compile(policy: Policy) -> Rules:
@@ -181,3 +212,17 @@ def apply(rules: Rules, category: str, func, args, kwargs, dtype):
             return None
         args, kwargs = _cast_all((args, kwargs), torch.float32)
     return func, args, kwargs
+
+
+def adapt(kind: str, args, kwargs):
+    """(args, kwargs, dtype of the first output or None) for an XLA
+    adaptation, or None when the inputs need none."""
+    types_ = {leaf.dtype for leaf in pytree.tree_leaves((args, kwargs)) if _eligible(leaf)}
+    if len(types_) < 2:
+        return None
+    args, kwargs = _cast_all((args, kwargs), torch.float32)
+    if kind == "fp32_compute" and torch.float32 in types_:
+        low = [t for t in types_ if t != torch.float32]
+        first = _first_tensor(args)
+        return args, kwargs, (low[0] if len(low) == 1 and first is not None else None)
+    return args, kwargs, None
