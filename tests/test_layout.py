@@ -104,6 +104,8 @@ PUBLIC = ["autocast", "set_default_policy", "custom_fwd", "custom_bwd", "policie
     ("xla_amp.sharded", ["ShardedPrecision", "shard_model", "check_sharding", "save", "load"]),
     ("xla_amp.checkpoint", ["save", "load", "restore", "CheckpointLock", "preemption_guard",
                             "CheckpointError", "EXIT_PREEMPTED", "training_record"]),
+    pytest.param("xla_amp.torchax", ["autocast", "module_policies", "LossScaler", "TrainStep",
+                                     "make_train_step"], marks=pytest.mark.torchax),
     # these import their framework: run by make integrations
     *[pytest.param(path, names, marks=pytest.mark.integrations) for path, names in [
         ("xla_amp.integrations.lightning", ["XLAAMPPrecision"]),
