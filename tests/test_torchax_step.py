@@ -22,9 +22,9 @@ from xla_amp.torchax import _pins
 pytestmark = pytest.mark.torchax
 
 
-def _model():
+def _model(dropout=0.0):
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Dropout(dropout), nn.Linear(32, 4))
 
 
 def _batch(poison=False):
@@ -35,8 +35,11 @@ def _batch(poison=False):
     return x, torch.randint(0, 4, (8,), generator=g)
 
 
-def _leaves(step):
-    return [np.array(a) for a in jax.tree_util.tree_leaves(step.state[:3])]
+def _leaves(step, everything=False):
+    """Parameters, buffers and optimizer state (with the scaler's state and
+    the random key too if `everything`)."""
+    return [np.array(a) for a in
+            jax.tree_util.tree_leaves(step.state if everything else step.state[:3])]
 
 
 @pytest.mark.parametrize("optimizer", [lambda m: optax.adamw(1e-2),
@@ -110,12 +113,26 @@ def test_torch_optim_matches_plain_torch():
                                    atol=1e-6)
 
 
+def test_dropout_draws_a_new_mask_every_step():
+    """The step carries its own random key: with the learning rate at 0 and
+    the same batch, dropout makes every step's loss differ (torchax's
+    process-wide key was baked into the trace: the same mask each step)."""
+    step = xt.make_train_step(_model(dropout=0.5), F.cross_entropy, optax.sgd(0.0),
+                              policy="tpu", seed=3)
+    losses = {float(step(*_batch())) for _ in range(4)}
+    assert len(losses) == 4, losses
+    again = xt.make_train_step(_model(dropout=0.5), F.cross_entropy, optax.sgd(0.0),
+                               policy="tpu", seed=3)
+    assert float(again(*_batch())) in losses  # a seed gives the same draws
+
+
 @pytest.mark.parametrize("optimizer", [lambda m: optax.adam(1e-2),
                                        lambda m: torch.optim.Adam(m.parameters(), lr=1e-2)],
                          ids=["optax", "torch"])
 def test_resume_is_bit_identical(tmp_path, optimizer):
+    """Dropout included: the random key is part of the checkpoint."""
     def build():
-        m = _model()
+        m = _model(dropout=0.2)
         return xt.make_train_step(m, F.cross_entropy, optimizer(m), policy="tpu",
                                   scaler=xt.LossScaler(init_scale=2.0 ** 4, growth_interval=2))
     straight = build()
@@ -128,7 +145,7 @@ def test_resume_is_bit_identical(tmp_path, optimizer):
     resumed.load_state_dict(torch.load(tmp_path / "ckpt.pt", weights_only=True))
     again = [np.array(resumed(*_batch())) for _ in range(3)]
     assert [a.tobytes() for a in again] == [a.tobytes() for a in losses[3:]]
-    for a, b in zip(_leaves(straight), _leaves(resumed)):
+    for a, b in zip(_leaves(straight, True), _leaves(resumed, True)):
         assert a.tobytes() == b.tobytes()
 
 
@@ -170,6 +187,8 @@ def test_bad_checkpoint_changes_nothing():
     bad = dict(sd, scaler=dict(sd["scaler"], scale=math.nan))
     with pytest.raises(ValueError, match="scale must be finite"):
         step.load_state_dict(bad)
+    with pytest.raises(ValueError, match="rng must be an int64 tensor"):
+        step.load_state_dict(dict(sd, rng=torch.tensor([-1, 2])))
     wrong = dict(sd, model=dict(sd["model"], **{"0.weight": torch.zeros(3, 3)}))
     with pytest.raises(ValueError, match=r"model\['0.weight'\] is \(3, 3\)"):
         step.load_state_dict(wrong)

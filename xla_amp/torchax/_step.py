@@ -7,10 +7,11 @@ scaler as one jitted torchax training step.
 
 Algorithm (one jax.jit, one XLA program per step)::
 
-    state = (params, buffers, opt_state, scaler_state)   # JAX arrays
+    state = (params, buffers, opt_state, scaler_state, rng)   # JAX arrays
     step(state, batch):
+        rng', key = split(rng)                           # dropout etc. draw
         (scaled, (loss, buffers')), grads = value_and_grad over params of:
-            with env, autocast(policy, dtype):            # _region.py
+            with env, prng=key, autocast(policy, dtype):  # _region.py
                 out  = functional_call(model, params + buffers, inputs)
                 loss = loss_fn(out, target)
             scaled = scaler.scale(loss)
@@ -54,7 +55,7 @@ class TrainStep:
 
     def __init__(self, model, loss_fn, optimizer, *, policy=None, dtype=None, enabled=True,
                  scaler: LossScaler | None = None, mesh=None, sharding="replicate", env=None,
-                 backend=None):
+                 backend=None, seed: int | None = None):
         import torchax
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"make_train_step: model must be an nn.Module, got "
@@ -80,7 +81,12 @@ class TrainStep:
         with self.env:
             scaler_state = {k: v.jax() for k, v in self.scaler.init().items()}
         opt_state = self.optimizer.init(params, self.env)
-        self.state = self._place((params, buffers, opt_state, scaler_state))
+        if seed is None:
+            seed = torch.initial_seed() % (1 << 31)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"make_train_step: seed must be an int, got {seed!r}")
+        rng = jax.random.PRNGKey(seed)
+        self.state = self._place((params, buffers, opt_state, scaler_state, rng))
         self._jitted = jax.jit(self._step)
         self.metrics = {}
 
@@ -89,11 +95,12 @@ class TrainStep:
         if self.mesh is None:
             return state
         from jax.sharding import NamedSharding, PartitionSpec as P
-        params, buffers, opt_state, scaler_state = state
+        params, buffers, opt_state, scaler_state, rng = state
         shard = lambda a: _put(a, _param_sharding(self.mesh, a, self.sharding))  # noqa: E731
         rep = lambda a: _put(a, NamedSharding(self.mesh, P()))  # noqa: E731
         return (jax.tree_util.tree_map(shard, params), jax.tree_util.tree_map(rep, buffers),
-                jax.tree_util.tree_map(shard, opt_state), jax.tree_util.tree_map(rep, scaler_state))
+                jax.tree_util.tree_map(shard, opt_state), jax.tree_util.tree_map(rep, scaler_state),
+                rep(rng))
 
     def place_batch(self, *batch):
         """Batch arrays as the step takes them (split along dim 0 on a mesh).
@@ -113,9 +120,11 @@ class TrainStep:
         return tuple(out)
 
     # -- the step ----------------------------------------------------------
-    def _forward_loss(self, params, buffers, scaler_state, batch):
+    def _forward_loss(self, params, buffers, scaler_state, key, batch):
         env = self.env
-        with env, self.region:
+        # the step's own key: torchax's is a process-wide value a trace would
+        # bake in (every step the same dropout mask) and a resume would lose
+        with env, env.override_property(prng=key), self.region:
             p, b, s, args = env.j2t_iso((params, buffers, scaler_state, batch))
             out = torch.func.functional_call(self.model, {**p, **b}, tuple(args[:-1]))
             loss = self.loss_fn(out, args[-1])
@@ -125,9 +134,10 @@ class TrainStep:
             return scaled.jax(), (loss.jax(), new_buffers)
 
     def _step(self, state, batch):
-        params, buffers, opt_state, scaler_state = state
+        params, buffers, opt_state, scaler_state, rng = state
+        rng, key = jax.random.split(rng)
         (_, (loss, buffers)), grads = jax.value_and_grad(self._forward_loss, has_aux=True)(
-            params, buffers, scaler_state, batch)
+            params, buffers, scaler_state, key, batch)
         env = self.env
         with env:
             g, s = env.j2t_iso((grads, scaler_state))
@@ -141,7 +151,7 @@ class TrainStep:
             s = self.scaler.update(env.j2t_iso(scaler_state), env.j2t_iso(found_inf_j))
             scaler_state = env.t2j_iso(s)
         metrics = {"loss": loss, "found_inf": found_inf_j, "scale": scaler_state["scale"]}
-        return (params, buffers, opt_state, scaler_state), metrics
+        return (params, buffers, opt_state, scaler_state, rng), metrics
 
     def __call__(self, *batch):
         """One step on `batch` (inputs..., target); returns the loss (a JAX
@@ -160,21 +170,26 @@ class TrainStep:
         read it back with ``weights_only=True``. Across processes every
         process calls it (sharded leaves are gathered: a collective) and
         gets the whole state."""
-        params, buffers, opt_state, scaler_state = self.state
-        to_t = lambda a: torch.from_numpy(_host(a))  # noqa: E731
+        params, buffers, opt_state, scaler_state, rng = self.state
+        to_t = lambda a: _to_torch(_host(a))  # noqa: E731
         with self.env:
             scaler_sd = self.scaler.state_dict(self.env.j2t_iso(scaler_state))
         return {"model": {k: to_t(v) for k, v in {**params, **buffers}.items()},
                 "optimizer": [to_t(a) for a in jax.tree_util.tree_leaves(opt_state)],
-                "scaler": scaler_sd}
+                "scaler": scaler_sd, "rng": torch.from_numpy(_host(rng).astype(np.int64))}
 
     def load_state_dict(self, sd: dict) -> None:
         """Restores `state_dict()`'s output; checks every entry against this
         step's own state first and changes nothing on a mismatch."""
-        params, buffers, opt_state, _ = self.state
-        if not isinstance(sd, dict) or set(sd) != {"model", "optimizer", "scaler"}:
+        params, buffers, opt_state, _, rng = self.state
+        if not isinstance(sd, dict) or set(sd) != {"model", "optimizer", "scaler", "rng"}:
             raise ValueError("TrainStep.load_state_dict: expected the keys model, optimizer, "
-                             "scaler")
+                             "scaler, rng")
+        key = sd["rng"]
+        if not isinstance(key, torch.Tensor) or tuple(key.shape) != tuple(rng.shape) \
+                or key.dtype != torch.int64 or bool(((key < 0) | (key >= 1 << 32)).any()):
+            raise ValueError(f"TrainStep.load_state_dict: rng must be an int64 tensor of shape "
+                             f"{tuple(rng.shape)} holding uint32 values")
         model = sd["model"]
         expected = {**params, **buffers}
         if set(model) != set(expected):
@@ -190,11 +205,11 @@ class TrainStep:
             _check(f"optimizer[{i}]", t, a)
         with self.env:
             scaler_state = {k: v.jax() for k, v in self.scaler.load_state_dict(sd["scaler"]).items()}
-        to_j = lambda t: jnp.asarray(t.numpy())  # noqa: E731
+        to_j = _to_jax
         self.state = self._place((
             {k: to_j(model[k]) for k in params}, {k: to_j(model[k]) for k in buffers},
             jax.tree_util.tree_unflatten(treedef, [to_j(t) for t in sd["optimizer"]]),
-            scaler_state))
+            scaler_state, jnp.asarray(key.numpy().astype(np.uint32))))
 
 
 def _put(a, sharding):
@@ -227,6 +242,20 @@ def _host(a) -> np.ndarray:
     return np.array(multihost_utils.process_allgather(a, tiled=True))
 
 
+def _to_torch(host: np.ndarray) -> torch.Tensor:
+    """A CPU tensor with `host`'s bits (bfloat16 through its uint16 bits:
+    torch.from_numpy does not know ml_dtypes' bfloat16)."""
+    if host.dtype == jnp.bfloat16:
+        return torch.from_numpy(host.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(host)
+
+
+def _to_jax(t: torch.Tensor):
+    if t.dtype == torch.bfloat16:
+        return jnp.asarray(t.view(torch.uint16).numpy().view(jnp.bfloat16))
+    return jnp.asarray(t.numpy())
+
+
 def _check(where, t, a):
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"TrainStep.load_state_dict: {where} is a {type(t).__name__}, "
@@ -238,6 +267,7 @@ def _check(where, t, a):
 
 def make_train_step(model, loss_fn, optimizer, **options) -> TrainStep:
     """Builds a `TrainStep`; options as TrainStep's (policy, dtype, enabled,
-    scaler, mesh, sharding, env, backend). The model's parameters are copied
+    scaler, mesh, sharding, env, backend, seed: the step's random key, by
+    default from torch.initial_seed()). The model's parameters are copied
     into JAX: train through the step, read results from ``step.state``."""
     return TrainStep(model, loss_fn, optimizer, **options)
