@@ -1,0 +1,256 @@
+"""xla_amp.fp8 on XLA:CPU: the HLO form XLA:GPU fuses into fp8 GEMMs for
+every converted matmul of a training step (forward, input gradient, weight
+gradient), numerics equal to a float64 reference of the same quantization,
+saturation without NaN, delayed scaling against a hand-written reference
+(accumulation, skipped steps, zero and non-finite amax), bad input refused
+with the model unchanged."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch_xla
+
+import xla_amp
+from xla_amp import fp8
+from xla_amp.fp8 import _quant
+
+from helpers_fp8_hlo import dots, in_form
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+class Block(nn.Module):
+    """A pre-LN transformer block of Linear layers (4 of them)."""
+
+    def __init__(self, d=32, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).reshape(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.down(F.gelu(self.up(self.ln2(x))))
+
+
+def _step_hlo(device, recipe, policy="tpu"):
+    torch.manual_seed(0)
+    model = fp8.convert(Block().to(device), recipe)
+    x = torch.randn(2, 16, 32, device=device)
+    with xla_amp.autocast(device, policy=policy):
+        loss = model(x).float().pow(2).mean()
+    loss.backward()
+    return torch_xla._XLAC._get_xla_tensors_hlo([loss] + [p.grad for p in model.parameters()])
+
+
+@pytest.mark.parametrize("recipe", [fp8.Fp8Recipe(), fp8.Fp8Recipe(scaling="delayed"),
+                                    fp8.Fp8Recipe(format="e4m3", power_of_two=True)],
+                         ids=["dynamic_hybrid", "delayed", "e4m3_pow2"])
+def test_every_converted_matmul_is_in_the_fp8_gemm_form(device, recipe):
+    found = [d for d in dots(_step_hlo(device, recipe)) if in_form(d)]
+    # 4 layers x (forward, input gradient, weight gradient)
+    assert len(found) == 12, dots(_step_hlo(device, recipe))
+    e5m2 = sum(d[1][0] == "f8e5m2" for d in found)  # the gradient is the lhs of both
+    assert e5m2 == (8 if recipe.format == "hybrid" else 0)
+
+
+def test_matcher_refuses_a_bf16_dequantize_and_an_autocast_recast(device):
+    a = torch.randn(8, 32, device=device)
+    b = torch.randn(16, 32, device=device)
+    qa, qb = (a * 2).to(E4M3), (b * 2).to(E4M3)
+    ok = (qa.float() * 0.5) @ (qb.float() * 0.5).t()
+    bf16 = (qa.bfloat16() * 0.5) @ (qb.bfloat16() * 0.5).t()
+    with xla_amp.autocast(device, policy="tpu"):
+        recast = (qa.float() * 0.5) @ (qb.float() * 0.5).t()
+    hlo = torch_xla._XLAC._get_xla_tensors_hlo
+    assert [in_form(d) for d in dots(hlo([ok]))] == [True]
+    assert [in_form(d) for d in dots(hlo([bf16]))] == [False]
+    assert [in_form(d) for d in dots(hlo([recast]))] == [False]
+
+
+def _reference(x, w, g, recipe):
+    """float64 quantize -> dequantize -> matmul on the CPU, dynamic scaling."""
+    fx, fw, fg = recipe.dtypes()
+    out = {}
+    for name, t, f in (("x", x, fx), ("w", w, fw), ("g", g, fg)):
+        s = _quant.scale_from_amax(recipe, f, t.abs().max().float(), torch.tensor(1.0))
+        q = _quant.quantize(t, s, f)
+        out[name] = (q, q.double() * (1.0 / s.double()))
+    xd, wd, gd = out["x"][1], out["w"][1], out["g"][1]
+    return out, xd @ wd.t(), gd @ wd, gd.t() @ xd
+
+
+@pytest.mark.parametrize("recipe", [fp8.Fp8Recipe(), fp8.Fp8Recipe(format="e4m3")],
+                         ids=["hybrid", "e4m3"])
+def test_forward_and_gradients_equal_a_float64_reference(device, recipe):
+    torch.manual_seed(0)
+    x, w, g = torch.randn(16, 32), torch.randn(48, 32) * 0.1, torch.randn(16, 48) * 1e-3
+    layer = fp8.convert(nn.Sequential(nn.Linear(32, 48, bias=False)), recipe).to(device)
+    with torch.no_grad():
+        layer[0].weight.copy_(w.to(device))
+    xd = x.to(device).requires_grad_()
+    y = layer(xd)
+    y.backward(g.to(device))
+    q, y_ref, gx_ref, gw_ref = _reference(x, w, g, recipe)
+    # the quantized operands: bit for bit (the f8 rounding is the same)
+    for name, t in (("x", x), ("w", w)):
+        s = layer[0].fp8_scale[0 if name == "x" else 1].cpu()
+        got = _quant.quantize(t.to(device), s.to(device), recipe.dtypes()[0]).cpu()
+        assert torch.equal(got.view(torch.uint8), q[name][0].view(torch.uint8)), name
+    # float32 accumulation against float64: relative to the result's magnitude
+    for got, ref in ((y, y_ref), (xd.grad, gx_ref), (layer[0].weight.grad, gw_ref)):
+        torch.testing.assert_close(got.cpu().double(), ref, rtol=0,
+                                   atol=1e-6 * ref.abs().max().item())
+
+
+def test_saturation_clamps_never_nan(device):
+    recipe = fp8.Fp8Recipe(scaling="delayed")  # scale 1 until the first roll
+    layer = fp8.convert(nn.Sequential(nn.Linear(16, 16)), recipe).to(device)
+    x = torch.full((16, 16), 1e4, device=device)
+    x[0, 0] = -1e6
+    y = layer(x)
+    assert not torch.isnan(y).any().item()
+    saturated = layer[0].fp8_stats[0, 0].item()
+    assert saturated == 1.0  # every |x| > 448 at scale 1
+    assert torch.isfinite(y).all().item()
+
+
+def _delayed_reference(amaxes_per_step, skipped, recipe):
+    """Hand-written delayed scaling for one operand: per optimizer step a
+    list of micro-batch amaxes; returns the scale in use at each step."""
+    hist = [0.0] * recipe.amax_history_len
+    scale, scales = 1.0, []
+    fmax = 448.0
+    for amaxes, skip in zip(amaxes_per_step, skipped):
+        scales.append(scale)
+        pending = max(amaxes)
+        if skip:
+            continue
+        hist = [pending] + hist[:-1]
+        a = max(hist) if recipe.amax_compute == "max" else hist[0]
+        if math.isfinite(a) and a > 0:
+            s = fmax / (a * 2 ** recipe.margin)
+            scale = 2.0 ** math.floor(math.log2(s)) if recipe.power_of_two else s
+    return scales
+
+
+@pytest.mark.parametrize("recipe", [fp8.Fp8Recipe(scaling="delayed", amax_history_len=3),
+                                    fp8.Fp8Recipe(scaling="delayed", amax_history_len=2,
+                                                  margin=1, power_of_two=True,
+                                                  amax_compute="most_recent")],
+                         ids=["max", "most_recent_pow2_margin"])
+def test_delayed_scaling_equals_reference(device, recipe):
+    """Two micro-batches per step (the history rolls once per step, with
+    their max), a skipped step, a zero amax and an inf amax."""
+    steps = [[2.0, 3.0], [1.0, 0.5], [8.0, 1.0], [0.0, 0.0], [4.0, math.inf], [1.0, 2.0]]
+    skipped = [False, False, True, False, False, False]
+    layer = fp8.convert(nn.Sequential(nn.Linear(16, 16, bias=False)), recipe).to(device)
+    with torch.no_grad():
+        layer[0].weight.fill_(0.0)
+    got = []
+    for amaxes, skip in zip(steps, skipped):
+        got.append(layer[0].fp8_scale[0].item())
+        for a in amaxes:
+            x = torch.zeros(16, 16)
+            x[0, 0] = a
+            layer(x.to(device))
+        fp8.update_scales(layer, torch.tensor(skip, device=device))
+    # the inf step's history holds inf: max keeps the old scale while it is in the window
+    assert got == pytest.approx(_delayed_reference(steps, skipped, recipe)), got
+
+
+def test_update_scales_after_optimizer_step_with_the_grad_scaler(device):
+    """attach(): the history rolls after each optimizer step, not per
+    backward; a step the GradScaler skips leaves it."""
+    from xla_amp import syncfree
+    recipe = fp8.Fp8Recipe(scaling="delayed", amax_history_len=4)
+    torch.manual_seed(0)
+    model = fp8.convert(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16)),
+                        recipe).to(device)
+    opt = syncfree.SGD(model.parameters(), lr=0.1)
+    fp8.attach(opt, model)
+    scaler = xla_amp.GradScaler(init_scale=2.0 ** 4)
+    hist = model[0].fp8_amax_history
+    for poison in (False, True):
+        x = torch.randn(8, 16, device=device)
+        before = hist.cpu().clone()
+        for _ in range(2):  # two micro-batches
+            with xla_amp.autocast(device, policy="tpu"):
+                loss = model(x).float().pow(2).mean()
+            if poison:  # an inf input would be clamped to ±448: poison the loss
+                loss = loss * math.inf
+            scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        torch_xla.sync()
+        after = hist.cpu()
+        if poison:
+            assert torch.equal(after, before)
+        else:
+            assert torch.equal(after[:, 1:], before[:, :-1]) and after[0, 0] > 0
+
+
+# -- bad input: one clear error each, the model unchanged ---------------------
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16))
+
+
+def _same(a, b):
+    return [type(m) for m in a.modules()] == [type(m) for m in b.modules()]
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"format": "e3m4"}, "format must be one of hybrid, e4m3"),
+    ({"scaling": "static"}, "scaling must be one of"),
+    ({"amax_history_len": 0}, "amax_history_len must be >= 1"),
+    ({"margin": -1}, "margin must be >= 0"),
+    ({"keep": "head"}, "keep must be a tuple"),
+])
+def test_bad_recipes(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        fp8.Fp8Recipe(**kwargs)
+
+
+def test_no_eligible_layer_and_unaligned_layers_and_twice():
+    import copy
+    model = nn.Sequential(nn.Conv2d(3, 8, 3))
+    with pytest.raises(ValueError, match="no nn.Linear or Conv1D layer"):
+        fp8.convert(model)
+    kept = _mlp()
+    with pytest.raises(ValueError, match="no nn.Linear"):
+        fp8.convert(kept, fp8.Fp8Recipe(keep=(nn.Linear,)))
+    odd = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+    before = copy.deepcopy(odd)
+    with pytest.raises(ValueError, match=r"layer '2' has weight shape \(10, 64\)"):
+        fp8.convert(odd)
+    assert _same(odd, before)  # the first layer was not converted either
+    fp8.convert(odd, fp8.Fp8Recipe(keep=("2",)))
+    assert isinstance(odd[0], fp8.Fp8Linear) and type(odd[2]) is nn.Linear
+    with pytest.raises(ValueError, match="already an Fp8Linear"):
+        fp8.convert(odd, fp8.Fp8Recipe(keep=("2",)))
+
+
+def test_state_dict_round_trip_bit_identical(device):
+    recipe = fp8.Fp8Recipe(scaling="delayed", amax_history_len=3)
+    a = fp8.convert(_mlp(), recipe).to(device)
+    for _ in range(2):
+        a(torch.randn(4, 32, device=device))
+        fp8.update_scales(a)
+    sd = {k: v.cpu() for k, v in a.state_dict().items()}
+    assert "0.fp8_amax_history" in sd and sd["0.fp8_amax_history"].shape == (3, 3)
+    b = fp8.convert(_mlp(), recipe).to(device)
+    b.load_state_dict(sd)
+    for k, v in b.state_dict().items():
+        assert torch.equal(v.cpu(), sd[k]), k
+    with pytest.raises(RuntimeError, match="fp8_amax_history"):
+        fp8.convert(_mlp(), fp8.Fp8Recipe(scaling="delayed", amax_history_len=5)).load_state_dict(sd)

@@ -1,0 +1,18 @@
+"""fp8 training: scaled float8 matmuls that XLA:GPU turns into cuBLASLt fp8
+GEMMs, emulated exactly elsewhere (docs/fp8.md).
+
+    model = xla_amp.fp8.convert(model, Fp8Recipe(scaling="delayed"))
+    xla_amp.fp8.attach(optimizer, model)      # delayed: roll per optimizer step
+
+    Fp8Recipe      the scaling recipe (_recipe.py)
+    convert        nn.Linear / Conv1D -> Fp8Linear, in place (_convert.py)
+    Fp8Linear      the layer and its float8 matmuls (_linear.py)
+    update_scales  roll the amax histories after a step; attach does it
+                   after every optimizer.step (_history.py)
+"""
+from xla_amp.fp8._convert import convert
+from xla_amp.fp8._history import attach, update_scales
+from xla_amp.fp8._linear import Fp8Linear
+from xla_amp.fp8._recipe import Fp8Recipe
+
+__all__ = ["Fp8Recipe", "convert", "Fp8Linear", "update_scales", "attach"]

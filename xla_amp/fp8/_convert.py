@@ -1,0 +1,80 @@
+"""`convert(model, recipe)`: nn.Linear (and Hugging Face Conv1D) layers
+become `Fp8Linear`, in place.
+
+    convert:  every candidate found and checked first (nothing is replaced
+              on a bad one): not already converted, not kept by the recipe,
+              both dimensions multiples of 16 (fp8 GEMMs need it; a layer
+              that is not is refused by name: keep it with recipe.keep);
+              no candidate at all is an error
+              then each is swapped for an Fp8Linear holding the same
+              Parameter objects (optimizers built before still point at them)
+"""
+from __future__ import annotations
+
+import fnmatch
+
+from torch import nn
+
+from xla_amp.fp8._linear import Fp8Linear
+from xla_amp.fp8._recipe import ALIGN, Fp8Recipe
+
+
+def _is_conv1d(module) -> bool:
+    # Hugging Face's GPT-2 Conv1D: weight (in, out), y = x @ W + b
+    return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and hasattr(module, "weight")
+
+
+def _kept(recipe: Fp8Recipe, name: str, module) -> bool:
+    for k in recipe.keep:
+        if isinstance(k, str) and fnmatch.fnmatchcase(name, k):
+            return True
+        if isinstance(k, type) and isinstance(module, k):
+            return True
+    return False
+
+
+def candidates(model: nn.Module, recipe: Fp8Recipe) -> list[tuple[str, nn.Module, bool]]:
+    """(qualified name, layer, transposed) of every layer `convert` would swap."""
+    found = []
+    for name, module in model.named_modules():
+        if isinstance(module, Fp8Linear):
+            raise ValueError(f"xla_amp.fp8.convert: {name or type(model).__name__} is already "
+                             "an Fp8Linear (convert was called twice)")
+        if _kept(recipe, name, module):
+            continue
+        if type(module) is nn.Linear or _is_conv1d(module):
+            found.append((name, module, _is_conv1d(module)))
+    return found
+
+
+def convert(model: nn.Module, recipe: Fp8Recipe | None = None) -> nn.Module:
+    """Swaps the eligible layers of `model` for `Fp8Linear` (see the module
+    docstring) and returns `model`. Call before building the optimizer or
+    after: the parameters are the same objects. ValueError naming the layer
+    on bad input, with the model unchanged."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"xla_amp.fp8.convert: expected an nn.Module, got {type(model).__name__}")
+    recipe = Fp8Recipe() if recipe is None else recipe
+    if not isinstance(recipe, Fp8Recipe):
+        raise TypeError(f"xla_amp.fp8.convert: recipe must be an Fp8Recipe, got "
+                        f"{type(recipe).__name__}")
+    found = candidates(model, recipe)
+    if not found:
+        raise ValueError(f"xla_amp.fp8.convert: {type(model).__name__} has no nn.Linear or "
+                         "Conv1D layer to convert (all kept by the recipe, or none at all)")
+    for name, module, _ in found:
+        dims = tuple(module.weight.shape)
+        if any(d % ALIGN for d in dims):
+            raise ValueError(
+                f"xla_amp.fp8.convert: layer {name!r} has weight shape {dims}; fp8 matmuls need "
+                f"both dimensions to be multiples of {ALIGN}: keep it in high precision "
+                f"(Fp8Recipe(keep=({name!r},)))")
+    modules = dict(model.named_modules())
+    for name, module, transposed in found:
+        layer = Fp8Linear(module.weight, module.bias, recipe, transposed=transposed)
+        if name == "":
+            raise ValueError("xla_amp.fp8.convert: the model itself is a Linear; wrap it in a "
+                             "module (convert replaces children in place)")
+        parent_name, _, child = name.rpartition(".")
+        setattr(modules[parent_name], child, layer)
+    return model

@@ -1,0 +1,53 @@
+"""Delayed scaling's history: rolled once per optimizer step.
+
+    update_scales(model, found_inf=None)     after the optimizer step
+        for each Fp8Linear with delayed scaling:
+            history' = [pending, history[:, :-1]]      (newest first)
+            amax     = max(history') | history'[:, 0]  (amax_compute)
+            scale'   = scale_from_amax(amax, old=scale)
+            found_inf set: history, scale unchanged    (a skipped step)
+            pending  = 0                               (either way)
+
+The forward and backward only raise `pending` (a running max), so with
+gradient accumulation the micro-batches since the last roll count as one
+step. `attach(optimizer, model)` calls update_scales after every
+``optimizer.step``, with the ``found_inf`` the GradScaler passes to
+xla_amp's syncfree optimizers; on device, no sync.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from xla_amp.fp8 import _quant
+from xla_amp.fp8._linear import Fp8Linear
+
+
+@torch.no_grad()
+def update_scales(model: nn.Module, found_inf: torch.Tensor | None = None) -> None:
+    """Rolls every delayed-scaling layer's amax history; see the module docstring.
+    Call once per optimizer step, after it."""
+    for module in model.modules():
+        if not isinstance(module, Fp8Linear) or module.recipe.scaling != "delayed":
+            continue
+        recipe = module.recipe
+        hist, pending, scale = module.fp8_amax_history, module.fp8_amax_pending, module.fp8_scale
+        new_hist = torch.cat([pending.reshape(3, 1), hist[:, :-1]], dim=1)
+        amax = new_hist.amax(dim=1) if recipe.amax_compute == "max" else new_hist[:, 0]
+        new_scale = torch.stack([_quant.scale_from_amax(recipe, f, amax[i], scale[i])
+                                 for i, f in enumerate(recipe.dtypes())])
+        if found_inf is not None:
+            skip = found_inf.to(torch.bool).reshape(())
+            new_hist = torch.where(skip, hist, new_hist)
+            new_scale = torch.where(skip, scale, new_scale)
+        hist.copy_(new_hist)
+        scale.copy_(new_scale)
+        pending.zero_()
+
+
+def attach(optimizer: torch.optim.Optimizer, model: nn.Module):
+    """Rolls `model`'s fp8 histories after each ``optimizer.step`` (skipped
+    steps, found_inf set, leave them). Returns the hook handle."""
+    def hook(opt, args, kwargs):
+        update_scales(model, kwargs.get("found_inf"))
+    return optimizer.register_step_post_hook(hook)

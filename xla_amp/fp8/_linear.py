@@ -1,0 +1,137 @@
+"""`Fp8Linear`: nn.Linear whose three matmuls run on scaled float8 operands.
+
+    forward   y  = deq(q(x)) @ deq(q(w)).T  (+ b)     x, w in e4m3
+    backward  dx = deq(q(g)) @ deq(q(w))               g in e5m2 (hybrid)
+              dw = deq(q(g)).T @ deq(q(x))             or e4m3
+
+q/deq are _quant.py's (float32 dequantize, scalar scales): each dot operand
+is in the form XLA:GPU's GemmRewriter fuses into a cuBLASLt fp8 GEMM. The
+op runs with autocast off (a recast of the dequantized operands breaks the
+form); its output takes the autocast dtype when a region is open, else the
+input's. The backward keeps the float8 x and w (half bf16's bytes).
+
+Buffers (in state_dict; float32)::
+
+    fp8_scale         [3]     the scales of x, w, g last used (dynamic) or in
+                              use until the next roll (delayed)
+    fp8_amax_history  [3, L]  delayed only; rolled by update_scales()
+    fp8_amax_pending  [3]     delayed only: running max since the last roll
+    fp8_stats         [3, 2]  last saturated / underflow fractions of x, w, g
+
+Buffers change inside the step graph (copy_), never through the host.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from xla_amp.fp8 import _quant
+from xla_amp.fp8._recipe import Fp8Recipe
+
+X, W, G = 0, 1, 2
+
+
+def _autocast_off(device_type: str):
+    if device_type in ("xla", "cpu", "cuda"):
+        return torch.autocast(device_type, enabled=False)
+    import contextlib
+    return contextlib.nullcontext()
+
+
+class _Fp8MatMul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, module):
+        recipe = module.recipe
+        fx, fw, _ = recipe.dtypes()
+        with _autocast_off(x.device.type):
+            if recipe.scaling == "dynamic":
+                sx = _quant.scale_from_amax(recipe, fx, _quant.amax(x), module.fp8_scale[X])
+                sw = _quant.scale_from_amax(recipe, fw, _quant.amax(weight),
+                                            module.fp8_scale[W])
+            else:
+                sx, sw = module.fp8_scale[X].clone(), module.fp8_scale[W].clone()
+                pending = module.fp8_amax_pending
+                pending[X:W + 1].copy_(torch.maximum(
+                    pending[X:W + 1], torch.stack([_quant.amax(x), _quant.amax(weight)])))
+            xq = _quant.quantize(x, sx, fx)
+            wq = _quant.quantize(weight, sw, fw)
+            module.fp8_stats[X:W + 1].copy_(torch.stack(
+                [_quant.stats(x, xq, sx, fx), _quant.stats(weight, wq, sw, fw)]))
+            if recipe.scaling == "dynamic":
+                module.fp8_scale[X:W + 1].copy_(torch.stack([sx, sw]))
+            x2 = _quant.dequantize(xq, sx).reshape(-1, x.shape[-1])
+            y = x2 @ _quant.dequantize(wq, sw).t()
+            if bias is not None:
+                y = y + bias.float()
+        ctx.save_for_backward(xq, wq, sx, sw)
+        ctx.module, ctx.has_bias = module, bias is not None
+        ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
+        ctx.x_shape = x.shape
+        out_dtype = (torch.get_autocast_dtype(x.device.type)
+                     if x.device.type == "xla" and torch.is_autocast_enabled("xla") else x.dtype)
+        return y.reshape(*x.shape[:-1], weight.shape[0]).to(out_dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        xq, wq, sx, sw = ctx.saved_tensors
+        module = ctx.module
+        recipe = module.recipe
+        fg = recipe.backward_dtype
+        x_dtype, w_dtype, b_dtype = ctx.dtypes
+        with _autocast_off(grad_out.device.type):
+            g = grad_out.reshape(-1, grad_out.shape[-1])
+            ag = _quant.amax(g)
+            if recipe.scaling == "dynamic":
+                sg = _quant.scale_from_amax(recipe, fg, ag, module.fp8_scale[G])
+                module.fp8_scale[G:].copy_(sg.reshape(1))
+            else:
+                sg = module.fp8_scale[G].clone()
+                pending = module.fp8_amax_pending
+                pending[G:].copy_(torch.maximum(pending[G:], ag.reshape(1)))
+            gq = _quant.quantize(g, sg, fg)
+            module.fp8_stats[G:].copy_(_quant.stats(g, gq, sg, fg).reshape(1, 2))
+            g_dq = _quant.dequantize(gq, sg)
+            w_dq = _quant.dequantize(wq, sw)
+            grad_x = (g_dq @ w_dq).reshape(ctx.x_shape).to(x_dtype)
+            x2 = _quant.dequantize(xq, sx).reshape(-1, ctx.x_shape[-1])
+            grad_w = (g_dq.t() @ x2).to(w_dtype)
+            grad_b = g.float().sum(0).to(b_dtype) if ctx.has_bias else None
+        return grad_x, grad_w, grad_b, None
+
+
+class Fp8Linear(nn.Module):
+    """A converted ``nn.Linear`` (or Hugging Face ``Conv1D``, ``transposed``):
+    the same parameters, float8 matmuls; see the module docstring. Made by
+    `xla_amp.fp8.convert`."""
+
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, recipe: Fp8Recipe,
+                 transposed: bool = False):
+        super().__init__()
+        self.weight = weight
+        self.bias = bias
+        self.recipe = recipe
+        self.transposed = transposed  # Conv1D keeps weight as (in, out)
+        dev = weight.device
+        self.register_buffer("fp8_scale", torch.ones(3, device=dev))
+        self.register_buffer("fp8_stats", torch.zeros(3, 2, device=dev))
+        if recipe.scaling == "delayed":
+            self.register_buffer("fp8_amax_history",
+                                 torch.zeros(3, recipe.amax_history_len, device=dev))
+            self.register_buffer("fp8_amax_pending", torch.zeros(3, device=dev))
+
+    @property
+    def in_features(self) -> int:
+        return self.weight.shape[0 if self.transposed else 1]
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[1 if self.transposed else 0]
+
+    def forward(self, x):
+        weight = self.weight.t() if self.transposed else self.weight
+        return _Fp8MatMul.apply(x, weight, self.bias, self)
+
+    def extra_repr(self) -> str:
+        r = self.recipe
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, scaling={r.scaling}, format={r.format}")

@@ -1,0 +1,57 @@
+"""Scaled float8 quantization, the one place it is written.
+
+The pattern XLA:GPU's GemmRewriter turns into a cuBLASLt fp8 GEMM
+(xla/service/gpu/transforms/gemm_rewriter.cc): each dot operand is
+``convert(f8 -> f32) * broadcast(scalar)``, with layout-only ops between
+it and the dot. So::
+
+    quantize(t, s, f8)   = (t.float() * s).clamp(-fmax, fmax).to(f8)
+                           (clamped first: float32 -> e4m3fn overflow is NaN)
+    dequantize(q, s)     = q.float() * (1 / s)      float32, scalar s
+    scale(amax, old)     = fmax / amax / 2**margin  (power_of_two: rounded
+                           down to a power of two); a zero or non-finite amax
+                           keeps `old`
+
+Everything is tensor ops on the device: no .item(), no branches on values.
+"""
+from __future__ import annotations
+
+import torch
+
+from xla_amp.fp8._recipe import FP8_MAX, Fp8Recipe
+
+
+def amax(t: torch.Tensor) -> torch.Tensor:
+    """max |t| in float32 (a 0-d tensor). Not ``amax()``: PyTorch/XLA 2.9
+    reduces over no dimension when amax gets none (CPU eager reduces over all;
+    pinned in tests/test_xla_known_issues.py)."""
+    return t.detach().abs().max().float()
+
+
+def scale_from_amax(recipe: Fp8Recipe, fp8: torch.dtype, a: torch.Tensor,
+                    old: torch.Tensor) -> torch.Tensor:
+    fmax = FP8_MAX[fp8]
+    s = fmax / (a * (2.0 ** recipe.margin))
+    if recipe.power_of_two:
+        s = torch.exp2(torch.floor(torch.log2(s)))
+    ok = torch.isfinite(a) & (a > 0) & torch.isfinite(s)
+    return torch.where(ok, s, old)
+
+
+def quantize(t: torch.Tensor, scale: torch.Tensor, fp8: torch.dtype) -> torch.Tensor:
+    fmax = FP8_MAX[fp8]
+    return (t.float() * scale).clamp(-fmax, fmax).to(fp8)
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return q.float() * torch.reciprocal(scale)
+
+
+def stats(t: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, fp8: torch.dtype):
+    """(saturated fraction, underflow fraction) of one quantization: elements
+    clamped to ±fmax, and non-zero elements flushed to zero."""
+    n = t.numel()
+    scaled = t.detach().float().abs() * scale
+    saturated = (scaled > FP8_MAX[fp8]).sum().float() / n
+    underflow = ((q.float() == 0) & (t.detach() != 0)).sum().float() / n
+    return torch.stack([saturated, underflow])

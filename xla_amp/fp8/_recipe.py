@@ -1,0 +1,87 @@
+"""`Fp8Recipe`: how fp8 layers scale, in one frozen object.
+
+    Fp8Recipe()                                   # dynamic, HYBRID
+    Fp8Recipe(scaling="delayed", amax_history_len=16, margin=0)
+    dataclasses.replace(recipe, format="e4m3", power_of_two=True)
+
+What each field decides (per fp8 matmul operand: input x, weight w,
+output gradient g)::
+
+    format:        "hybrid": x, w in float8_e4m3fn, g in float8_e5m2
+                   "e4m3":   all three in float8_e4m3fn
+    scaling:       "dynamic": scale from this call's amax (tensorwise)
+                   "delayed": scale from the amax history, which rolls once
+                              per optimizer step (update_scales): the running
+                              max over the micro-batches since the last roll
+    scale:         fmax / amax / 2**margin (2**floor(log2(.)) with
+                   power_of_two); a zero or non-finite amax keeps the old scale
+    amax_compute:  "max" of the history or its "most_recent" entry
+    keep:          modules left in high precision: nn.Module classes or
+                   globs on qualified names (fnmatch), e.g. ("lm_head", "0")
+
+Checked when made (ValueError naming the field).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+FORMATS = ("hybrid", "e4m3")
+SCALINGS = ("dynamic", "delayed")
+AMAX_COMPUTE = ("max", "most_recent")
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+ALIGN = 16  # fp8 GEMMs (cuBLASLt) need both matrix dimensions to be multiples of 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Recipe:
+    """See the module docstring."""
+
+    scaling: str = "dynamic"
+    format: str = "hybrid"
+    amax_history_len: int = 16
+    amax_compute: str = "max"
+    margin: int = 0
+    power_of_two: bool = False
+    keep: tuple = ()
+
+    def __post_init__(self):
+        for name, allowed in (("scaling", SCALINGS), ("format", FORMATS),
+                              ("amax_compute", AMAX_COMPUTE)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"Fp8Recipe: {name} must be one of {', '.join(allowed)}, "
+                                 f"got {getattr(self, name)!r}")
+        for name in ("amax_history_len", "margin"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"Fp8Recipe: {name} must be an int, got {value!r}")
+        if self.amax_history_len < 1:
+            raise ValueError(f"Fp8Recipe: amax_history_len must be >= 1, got "
+                             f"{self.amax_history_len}")
+        if self.margin < 0:
+            raise ValueError(f"Fp8Recipe: margin must be >= 0, got {self.margin}")
+        if not isinstance(self.power_of_two, bool):
+            raise ValueError(f"Fp8Recipe: power_of_two must be a bool, got {self.power_of_two!r}")
+        keep = tuple(self.keep) if isinstance(self.keep, (list, tuple)) else None
+        if keep is None or not all(isinstance(k, str) or (isinstance(k, type)
+                                                          and issubclass(k, nn.Module))
+                                   for k in keep):
+            raise ValueError(f"Fp8Recipe: keep must be a tuple of module classes or name "
+                             f"globs, got {self.keep!r}")
+        object.__setattr__(self, "keep", keep)
+
+    @property
+    def forward_dtype(self) -> torch.dtype:
+        """The float8 type of inputs and weights."""
+        return torch.float8_e4m3fn
+
+    @property
+    def backward_dtype(self) -> torch.dtype:
+        """The float8 type of output gradients."""
+        return torch.float8_e5m2 if self.format == "hybrid" else torch.float8_e4m3fn
+
+    def dtypes(self) -> tuple[torch.dtype, torch.dtype, torch.dtype]:
+        """(x, w, g) float8 types."""
+        return (self.forward_dtype, self.forward_dtype, self.backward_dtype)
