@@ -8,7 +8,7 @@ SOURCES := $(wildcard csrc/*.cpp csrc/*/*.cpp csrc/*/*.h) setup.py pyproject.tom
 MAX_JOBS ?= 2
 export PJRT_DEVICE ?= CPU
 
-.PHONY: all venv build bazel wheel test integrations sharded faults torchax zoo zoo-large demo bench docs clean
+.PHONY: all venv build bazel wheel test integrations sharded faults torchax fp8 zoo zoo-large demo bench docs clean
 
 all: test
 
@@ -107,6 +107,12 @@ faults: build
 # two processes on one JAX mesh (jax.distributed, gloo), resume, bad input.
 torchax: build
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m torchax --durations=10 tests
+
+# xla_amp.fp8 on whole models (tests marked `fp8`): a GPT-2-shaped LM trained
+# 200 steps in fp8 against bf16 AMP (make test holds the layer, HLO-form,
+# numerics and digits-MLP tests).
+fp8: build
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m fp8 --durations=10 tests
 
 # The model-zoo sweep: the torchvision models of tests/test_zoo.py under every
 # policy (make test runs a subset), one model at a time: RegNet-Y alone grows
