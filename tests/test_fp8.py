@@ -254,3 +254,24 @@ def test_state_dict_round_trip_bit_identical(device):
         assert torch.equal(v.cpu(), sd[k]), k
     with pytest.raises(RuntimeError, match="fp8_amax_history"):
         fp8.convert(_mlp(), fp8.Fp8Recipe(scaling="delayed", amax_history_len=5)).load_state_dict(sd)
+
+
+def test_report_reads_scales_and_fractions_in_one_transfer(device):
+    from helpers import clear_metrics, count
+    model = fp8.convert(_mlp(), fp8.Fp8Recipe(scaling="delayed")).to(device)
+    x = torch.randn(8, 32, device=device)
+    x[0, :4] = 1e5  # saturates at scale 1 (before the first roll)
+    x[1, :4] = 1e-9  # flushed to zero
+    model(x).float().sum().backward()
+    torch_xla.sync()
+    clear_metrics()
+    rep = fp8.report(model)
+    assert count("TransferFromDeviceTime") == 1
+    first = rep.rows[0]
+    assert first.layer == "0" and first.scaling == "delayed"
+    assert first.saturated[0] == pytest.approx(4 / 256) and first.underflow[0] == pytest.approx(4 / 256)
+    assert first.scale == (1.0, 1.0, 1.0)
+    assert rep.worst("saturated", 1)[0].layer == "0"
+    assert "x sat%" in str(rep)
+    with pytest.raises(ValueError, match="has no Fp8Linear"):
+        fp8.report(_mlp())

@@ -9,10 +9,14 @@ GEMMs, emulated exactly elsewhere (docs/fp8.md).
     Fp8Linear      the layer and its float8 matmuls (_linear.py)
     update_scales  roll the amax histories after a step; attach does it
                    after every optimizer.step (_history.py)
+    report         per-layer scales, saturated and underflow fractions,
+                   read in one transfer between steps (_report.py)
 """
 from xla_amp.fp8._convert import convert
 from xla_amp.fp8._history import attach, update_scales
 from xla_amp.fp8._linear import Fp8Linear
 from xla_amp.fp8._recipe import Fp8Recipe
+from xla_amp.fp8._report import Fp8Report, report
 
-__all__ = ["Fp8Recipe", "convert", "Fp8Linear", "update_scales", "attach"]
+__all__ = ["Fp8Recipe", "convert", "Fp8Linear", "update_scales", "attach", "report",
+           "Fp8Report"]
