@@ -38,6 +38,14 @@ def _autocast_off(device_type: str):
     return contextlib.nullcontext()
 
 
+def _records() -> bool:
+    """Whether this call writes the diagnostic buffers (fp8_stats, dynamic
+    scaling's fp8_scale). Not under torch.compile: AOTAutograd refuses a
+    buffer written inside an autograd.Function ("Node copy_ was invalid, but
+    is output"); the compiled layer computes the same values, unrecorded."""
+    return not torch.compiler.is_compiling()
+
+
 class _Fp8MatMul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, module):
@@ -51,14 +59,16 @@ class _Fp8MatMul(torch.autograd.Function):
             else:
                 sx, sw = module.fp8_scale[X].clone(), module.fp8_scale[W].clone()
                 pending = module.fp8_amax_pending
-                pending[X:W + 1].copy_(torch.maximum(
-                    pending[X:W + 1], torch.stack([_quant.amax(x), _quant.amax(weight)])))
+                pending.copy_(torch.maximum(pending, torch.stack(
+                    [_quant.amax(x), _quant.amax(weight), torch.zeros_like(pending[G])])))
             xq = _quant.quantize(x, sx, fx)
             wq = _quant.quantize(weight, sw, fw)
-            module.fp8_stats[X:W + 1].copy_(torch.stack(
-                [_quant.stats(x, xq, sx, fx), _quant.stats(weight, wq, sw, fw)]))
-            if recipe.scaling == "dynamic":
-                module.fp8_scale[X:W + 1].copy_(torch.stack([sx, sw]))
+            if _records():
+                module.fp8_stats.copy_(torch.stack(
+                    [_quant.stats(x, xq, sx, fx), _quant.stats(weight, wq, sw, fw),
+                     module.fp8_stats[G]]))
+            if recipe.scaling == "dynamic" and _records():
+                module.fp8_scale.copy_(torch.stack([sx, sw, module.fp8_scale[G]]))
             x2 = _quant.dequantize(xq, sx).reshape(-1, x.shape[-1])
             y = x2 @ _quant.dequantize(wq, sw).t()
             if bias is not None:
@@ -83,13 +93,16 @@ class _Fp8MatMul(torch.autograd.Function):
             ag = _quant.amax(g)
             if recipe.scaling == "dynamic":
                 sg = _quant.scale_from_amax(recipe, fg, ag, module.fp8_scale[G])
-                module.fp8_scale[G:].copy_(sg.reshape(1))
+                if _records():
+                    module.fp8_scale.copy_(torch.cat([module.fp8_scale[:G], sg.reshape(1)]))
             else:
                 sg = module.fp8_scale[G].clone()
                 pending = module.fp8_amax_pending
-                pending[G:].copy_(torch.maximum(pending[G:], ag.reshape(1)))
+                pending.copy_(torch.cat([pending[:G], torch.maximum(pending[G:], ag.reshape(1))]))
             gq = _quant.quantize(g, sg, fg)
-            module.fp8_stats[G:].copy_(_quant.stats(g, gq, sg, fg).reshape(1, 2))
+            if _records():
+                module.fp8_stats.copy_(torch.cat([module.fp8_stats[:G],
+                                                  _quant.stats(g, gq, sg, fg).reshape(1, 2)]))
             g_dq = _quant.dequantize(gq, sg)
             w_dq = _quant.dequantize(wq, sw)
             grad_x = (g_dq @ w_dq).reshape(ctx.x_shape).to(x_dtype)
@@ -97,6 +110,15 @@ class _Fp8MatMul(torch.autograd.Function):
             grad_w = (g_dq.t() @ x2).to(w_dtype)
             grad_b = g.float().sum(0).to(b_dtype) if ctx.has_bias else None
         return grad_x, grad_w, grad_b, None
+
+
+@torch.compiler.disable
+def _delayed_forward(module, x):
+    """Delayed scaling writes its amax history from the backward, which
+    torch.compile cannot capture inside an autograd.Function: under
+    torch.compile these layers run outside the compiled graph (a graph
+    break; the same numerics). Dynamic scaling compiles."""
+    return module._forward(x)
 
 
 class Fp8Linear(nn.Module):
@@ -128,6 +150,11 @@ class Fp8Linear(nn.Module):
         return self.weight.shape[1 if self.transposed else 0]
 
     def forward(self, x):
+        if self.recipe.scaling == "delayed":
+            return _delayed_forward(self, x)
+        return self._forward(x)
+
+    def _forward(self, x):
         weight = self.weight.t() if self.transposed else self.weight
         return _Fp8MatMul.apply(x, weight, self.bias, self)
 
