@@ -88,7 +88,7 @@ PUBLIC = ["autocast", "set_default_policy", "custom_fwd", "custom_bwd", "policie
           "CATEGORIES", "GradScaler", "syncfree", "all_reduce_gradients", "optimizer_step",
           "module_policies", "ModulePolicyHandle", "cast_module", "PrecisionReport", "explain",
           "watch_nonfinite", "NonfiniteWatch", "compare", "ComparisonReport", "gpu", "sharded",
-          "checkpoint"]
+          "checkpoint", "fp8"]
 
 
 @pytest.mark.parametrize("path,names", [
@@ -104,6 +104,7 @@ PUBLIC = ["autocast", "set_default_policy", "custom_fwd", "custom_bwd", "policie
     ("xla_amp.sharded", ["ShardedPrecision", "shard_model", "check_sharding", "save", "load"]),
     ("xla_amp.checkpoint", ["save", "load", "restore", "CheckpointLock", "preemption_guard",
                             "CheckpointError", "EXIT_PREEMPTED", "training_record"]),
+    ("xla_amp.fp8", ["Fp8Recipe", "convert", "Fp8Linear", "update_scales", "attach", "report"]),
     pytest.param("xla_amp.torchax", ["autocast", "module_policies", "LossScaler", "TrainStep",
                                      "make_train_step"], marks=pytest.mark.torchax),
     # these import their framework: run by make integrations

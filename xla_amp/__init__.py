@@ -17,6 +17,9 @@ The package, one concept per folder (docs/engine.md has the map):
     sharded/    FSDPv2 / SPMD: ShardedPrecision, shard_model, sharded checkpoints
     checkpoint/ checkpoints that survive: atomic, locked, data-only, preemption,
                 precision-mode conversion on resume
+    fp8/        fp8 training: Fp8Recipe, convert, Fp8Linear, report
+    torchax/    the same policies, loss scaling and jitted steps on torchax
+                (PyTorch on JAX; imported on its own: import xla_amp.torchax)
     distributed.py   all-reduce with scaling
     _engine.py  the one door to the native engine (xla_amp._C)
 """
@@ -39,6 +42,7 @@ from xla_amp.policies import CATEGORIES, Policy
 from xla_amp import gpu
 from xla_amp import sharded
 from xla_amp import checkpoint
+from xla_amp import fp8
 
 _env_overrides.load_from_environment()
 _engine.install()
@@ -49,5 +53,5 @@ __all__ = ["autocast", "set_default_policy", "custom_fwd", "custom_bwd", "polici
            "CATEGORIES", "GradScaler", "syncfree", "all_reduce_gradients", "optimizer_step",
            "module_policies", "ModulePolicyHandle", "cast_module",
            "PrecisionReport", "explain", "watch_nonfinite", "NonfiniteWatch",
-           "compare", "ComparisonReport", "gpu", "sharded", "checkpoint"]
+           "compare", "ComparisonReport", "gpu", "sharded", "checkpoint", "fp8"]
 __version__ = "0.1.0"
