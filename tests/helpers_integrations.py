@@ -7,6 +7,8 @@ from unittest import mock
 
 import torch
 
+from xla_amp.fp8 import Fp8Recipe
+
 STEPS = 20
 BATCH = 8
 # test id -> (precision, the plugin's other arguments): 16-mixed under the
@@ -14,14 +16,16 @@ BATCH = 8
 # with stochastic rounding
 MODES = {"bf16-mixed": ("bf16-mixed", {}), "16-mixed": ("16-mixed", {"policy": "cuda"}),
          "bf16-true": ("bf16-true", {"master_weights": True}),
-         "bf16-true-sr": ("bf16-true", {"stochastic_rounding": True})}
+         "bf16-true-sr": ("bf16-true", {"stochastic_rounding": True}),
+         # the Linear(32, 64) in fp8, delayed scaling; the 4-way head kept (4 % 16)
+         "fp8-mixed": ("fp8-mixed", {"fp8": Fp8Recipe(scaling="delayed", keep=("*2",))})}
 COMPUTE = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16, "bf16-true": torch.bfloat16,
-           "bf16-true-sr": torch.bfloat16, "32-true": torch.float32}
+           "bf16-true-sr": torch.bfloat16, "fp8-mixed": torch.bfloat16, "32-true": torch.float32}
 
 
 def optimizer_options(mode: str) -> dict:
     """The syncfree options the mode's optimizer carries."""
-    return {k: v for k, v in MODES[mode][1].items() if k != "policy"}
+    return {k: v for k, v in MODES[mode][1].items() if k not in ("policy", "fp8")}
 
 
 def param_dtype(mode: str) -> torch.dtype:

@@ -139,3 +139,23 @@ def test_bad_settings_are_refused_before_accelerate_starts():
         Accelerator(mixed_precision="fp8")
     with pytest.raises(ValueError, match="GradScalerKwargs apply to mixed_precision='fp16'"):
         Accelerator(mixed_precision="bf16", kwargs_handlers=[GradScalerKwargs(init_scale=8.0)])
+
+
+def test_fp8_trains_in_one_graph_and_rolls_once_per_step(fp32_losses):
+    """mixed_precision="fp8": the Linear layers in fp8 (delayed scaling, the
+    4-way head kept), the rest bf16; the optimizer Accelerate prepared rolls
+    the histories once per step."""
+    from xla_amp.fp8 import Fp8Linear, Fp8Recipe
+    acc = Accelerator(mixed_precision="fp8", fp8=Fp8Recipe(scaling="delayed", keep=("2",)))
+    assert acc.mixed_precision == "fp8" and acc.scaler is None
+    model, opt, dl = setup(acc)
+    first = acc.unwrap_model(model)[0]
+    assert isinstance(first, Fp8Linear) and type(acc.unwrap_model(model)[2]) is torch.nn.Linear
+    losses, dtypes, per_step = run(acc, model, opt, dl, count_from=5)
+    assert dtypes == {torch.bfloat16}
+    close([float(v) for v in losses], fp32_losses, rel=0.03)
+    assert per_step == (1.0, 0.0)
+    hist = first.fp8_amax_history.cpu()
+    assert (hist > 0).all()  # 20 steps rolled a 16-long history full
+    with pytest.raises(ValueError, match="fp8= need mixed_precision"):
+        Accelerator(mixed_precision="no", fp8=Fp8Recipe())

@@ -6,6 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import xla_amp
+
 L = pytest.importorskip("lightning")
 from helpers_integrations import (COMPUTE, MODES, close, loader, net, optimizer_options,  # noqa: E402
                                   param_dtype, tpu_probe, xla_env_vars)
@@ -16,10 +18,17 @@ pytestmark = pytest.mark.integrations
 
 
 class Classifier(L.LightningModule):
-    def __init__(self, inf_at_step=None):
+    def __init__(self, inf_at_step=None, fp8_recipe=None):
         super().__init__()
         self.net = net()
         self.inf_at_step = inf_at_step
+        self.fp8_recipe = fp8_recipe
+
+    def configure_model(self):
+        # fp8 and a resumed run: Lightning loads the checkpoint's weights
+        # before the precision plugin converts the model (docs/integrations.md)
+        if self.fp8_recipe is not None:
+            xla_amp.fp8.convert(self, self.fp8_recipe)
         self.losses, self.dtypes, self.env = [], set(), []
 
     def training_step(self, batch, batch_idx):
@@ -117,7 +126,9 @@ def test_checkpoint_resume_continues_bit_identically(precision, tmp_path):
     first.save_checkpoint(path)
     saved = torch.load(path, weights_only=False)
     assert ("XLAAMPPrecision" in saved) is (precision == "16-mixed")  # the scaler's state
-    rest, resumed = fit(precision, steps=5, epochs=2, ckpt=path, module=Classifier(inf_at), **extra)
+    recipe = MODES[precision][1].get("fp8")
+    rest, resumed = fit(precision, steps=5, epochs=2, ckpt=path,
+                        module=Classifier(inf_at, fp8_recipe=recipe), **extra)
     assert rest.global_step == full.global_step == 10
     for a, b in zip(whole.parameters(), resumed.parameters()):
         assert torch.equal(a.detach().cpu(), b.detach().cpu())

@@ -75,3 +75,16 @@ def test_bf16_and_fp16_train_through_xla_amp(precision, fp32_losses, tmp_path):
         assert scaler.skipped_steps() < STEPS // 2  # it trained, it did not skip its way through
     else:
         assert scaler is None
+
+
+def test_fp8_through_the_trainer(fp32_losses, tmp_path):
+    """XLAAMPTrainer(xla_amp_fp8=recipe) with bf16=True: GPT-2's Conv1D
+    layers and its tied head in fp8, the histories rolled by the Trainer's
+    optimizer steps; the loss follows fp32's."""
+    from xla_amp.fp8 import Fp8Linear, Fp8Recipe
+    trainer, losses, _, env = train("bf16", tmp_path, xla_amp_fp8=Fp8Recipe(scaling="delayed"))
+    layers = [m for m in trainer.model.modules() if isinstance(m, Fp8Linear)]
+    assert len(layers) == 9
+    close(losses, fp32_losses, rel=0.03)
+    assert (layers[0].fp8_amax_history[:, :STEPS - 4].cpu() > 0).all()  # rolled every step
+    assert all(e == {} for e in env)

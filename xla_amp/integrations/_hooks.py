@@ -41,6 +41,8 @@ class Hooks:
         self._handles: list = []
         self._checked: set[int] = set()
         self._converted: weakref.WeakSet = weakref.WeakSet()
+        self._optimizers: weakref.WeakSet = weakref.WeakSet()  # fp8: rolled after their steps
+        self._fp8_attached: set[tuple[int, int]] = set()
 
     # -- the model ------------------------------------------------------------
 
@@ -51,10 +53,31 @@ class Hooks:
             return module
         if self.mode.param_dtype != torch.float32:
             cast_module(module, self.mode.param_dtype, keep=self.mode.keep)
+        if self.mode.fp8 is not None:
+            _convert_fp8(module, self.mode.fp8)
         if self.mode.module_policies:
             self._handles.append(module_policies(module, self.mode.module_policies))
         self._converted.add(module)
+        self._attach_fp8()
         return module
+
+    def track_optimizer(self, optimizer) -> None:
+        """fp8: `optimizer`'s steps roll the converted modules' amax
+        histories (``xla_amp.fp8.attach``; a step the GradScaler skips leaves
+        them). Called for every optimizer the framework hands over."""
+        self._optimizers.add(optimizer)
+        self._attach_fp8()
+
+    def _attach_fp8(self) -> None:
+        if self.mode.fp8 is None or self.mode.fp8.scaling != "delayed":
+            return
+        from xla_amp import fp8
+        for opt in list(self._optimizers):
+            for module in list(self._converted):
+                key = (id(opt), id(module))
+                if key not in self._fp8_attached:
+                    fp8.attach(opt, module)
+                    self._fp8_attached.add(key)
 
     def autocast(self, device=None) -> xla_amp.autocast:
         """The forward's region on ``device`` (default: this process's XLA
@@ -84,6 +107,7 @@ class Hooks:
         if id(optimizer) not in self._checked:
             _optimizers.check(optimizer, self.mode)
             self._checked.add(id(optimizer))
+            self.track_optimizer(optimizer)
 
     def check_optimizer(self, optimizer) -> None:
         """Everything a step needs of ``optimizer``, checked before a
@@ -143,3 +167,19 @@ class Hooks:
         """Take the module policies out again."""
         while self._handles:
             self._handles.pop().remove()
+
+
+def _convert_fp8(module: torch.nn.Module, recipe) -> None:
+    """fp8.convert, unless the model was converted already (Lightning loads
+    a checkpoint's weights before the plugin sees the model, so a resumed
+    run converts in ``configure_model``): then every converted layer must
+    carry the mode's recipe."""
+    from xla_amp import fp8
+    done = [(n, m) for n, m in module.named_modules() if isinstance(m, fp8.Fp8Linear)]
+    if not done:
+        fp8.convert(module, recipe)
+        return
+    for name, layer in done:
+        if layer.recipe != recipe:
+            raise ValueError(f"fp8: layer {name!r} was converted with {layer.recipe}, but the "
+                             f"precision setting asks for {recipe}")

@@ -10,6 +10,8 @@ bad value came through, and nothing is installed before they pass::
     16-mixed     fp16     fp32    xla_amp.GradScaler   any (syncfree: no transfer)
     bf16-true    bf16     bf16    none                 master_weights / stochastic_rounding
                                                        need an xla_amp.syncfree optimizer
+    fp8-mixed    fp8 matmuls (xla_amp.fp8, fp8= recipe, default Fp8Recipe()), the
+                 rest bf16-mixed; fp8= also combines with bf16-mixed / 16-mixed
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ from xla_amp.scaler import GradScaler
 # precision -> (compute dtype, parameters in the compute dtype)
 PRECISIONS = {"bf16-mixed": (torch.bfloat16, False),
               "16-mixed": (torch.float16, False),
-              "bf16-true": (torch.bfloat16, True)}
+              "bf16-true": (torch.bfloat16, True),
+              "fp8-mixed": (torch.bfloat16, False)}
 
 # what the frameworks call the same settings
 ALIASES = {"bf16": "bf16-mixed", "fp16": "16-mixed"}
@@ -46,6 +49,9 @@ class Mode:
     keep:                ``"bf16-true"``: module classes ``cast_module`` leaves
                          in float32 (default: none, as ``XLA_USE_BF16``).
     scaler:              ``GradScaler`` arguments (``"16-mixed"`` only).
+    fp8:                 an ``xla_amp.fp8.Fp8Recipe``: Linear layers of the
+                         model become fp8 (``"fp8-mixed"``: default recipe;
+                         also with ``"bf16-mixed"`` / ``"16-mixed"``).
     """
     precision: str
     policy: str | Policy | None = None
@@ -54,6 +60,7 @@ class Mode:
     stochastic_rounding: bool = False
     keep: tuple[type, ...] = ()
     scaler: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    fp8: Any = None
 
     def __post_init__(self):
         precision = ALIASES.get(self.precision, self.precision)
@@ -91,6 +98,14 @@ class Mode:
         if precision == "16-mixed":
             GradScaler(**scaler)  # its own checks, before anything is installed
         object.__setattr__(self, "scaler", MappingProxyType(scaler))
+        from xla_amp.fp8 import Fp8Recipe
+        if self.fp8 is not None and not isinstance(self.fp8, Fp8Recipe):
+            raise ValueError(f"fp8 must be an xla_amp.fp8.Fp8Recipe, got {self.fp8!r}")
+        if self.fp8 is not None and precision == "bf16-true":
+            raise ValueError("fp8= combines with 'bf16-mixed', '16-mixed' or 'fp8-mixed' "
+                             "(float32 parameters), not 'bf16-true'")
+        if precision == "fp8-mixed" and self.fp8 is None:
+            object.__setattr__(self, "fp8", Fp8Recipe())
 
     @property
     def compute_dtype(self) -> torch.dtype:

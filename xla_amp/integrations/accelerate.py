@@ -1,7 +1,8 @@
 """xla_amp as Hugging Face Accelerate's mixed precision on XLA.
 
     from xla_amp.integrations.accelerate import Accelerator   # in place of accelerate's
-    accelerator = Accelerator(mixed_precision="bf16")         # or "fp16"; policy=..., module_policies=...
+    accelerator = Accelerator(mixed_precision="bf16")         # or "fp16", "fp8"; policy=...,
+                                                              # module_policies=..., fp8=Fp8Recipe(...)
     model = model.to(accelerator.device)
     optimizer = xla_amp.syncfree.AdamW(model.parameters(), lr=1e-3)   # the recommended optimizer
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
@@ -37,15 +38,16 @@ from xla_amp.integrations._hooks import Hooks
 from xla_amp.integrations._mode import Mode
 
 # Accelerate's names for the mixed precisions xla_amp provides
-NAMES = {"bf16": "bf16-mixed", "fp16": "16-mixed"}
+NAMES = {"bf16": "bf16-mixed", "fp16": "16-mixed", "fp8": "fp8-mixed"}
 
 
-def _mode(mixed_precision, policy, module_policies, handlers) -> Mode | None:
+def _mode(mixed_precision, policy, module_policies, handlers, fp8=None) -> Mode | None:
     requested = mixed_precision or os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
     requested = str(requested).lower()
     if requested == "no":
-        if policy is not None or module_policies is not None:
-            raise ValueError("policy= / module_policies= need mixed_precision='bf16' or 'fp16'")
+        if policy is not None or module_policies is not None or fp8 is not None:
+            raise ValueError("policy= / module_policies= / fp8= need mixed_precision='bf16', "
+                             "'fp16' or 'fp8'")
         return None
     if requested not in NAMES:
         raise ValueError(f"mixed_precision={requested!r}: xla_amp provides "
@@ -56,7 +58,8 @@ def _mode(mixed_precision, policy, module_policies, handlers) -> Mode | None:
             scaler = handler.to_kwargs()
     if scaler and requested != "fp16":
         raise ValueError("GradScalerKwargs apply to mixed_precision='fp16' only")
-    return Mode(NAMES[requested], policy=policy, module_policies=module_policies, scaler=scaler)
+    return Mode(NAMES[requested], policy=policy, module_policies=module_policies, scaler=scaler,
+                fp8=fp8)
 
 
 class Accelerator(accelerate.Accelerator):
@@ -66,8 +69,9 @@ class Accelerator(accelerate.Accelerator):
     it) before Accelerate's state is made."""
 
     def __init__(self, *args, mixed_precision: str | None = None, policy=None,
-                 module_policies=None, **kwargs):
-        mode = _mode(mixed_precision, policy, module_policies, kwargs.get("kwargs_handlers"))
+                 module_policies=None, fp8=None, **kwargs):
+        mode = _mode(mixed_precision, policy, module_policies, kwargs.get("kwargs_handlers"),
+                     fp8)
         super().__init__(*args, mixed_precision="no", **kwargs)
         self.xla_amp_hooks = Hooks(mode) if mode is not None else None
         if mode is not None:
@@ -79,6 +83,15 @@ class Accelerator(accelerate.Accelerator):
         if self.xla_amp_hooks is None:
             return super().mixed_precision
         return next(k for k, v in NAMES.items() if v == self.xla_amp_hooks.mode.precision)
+
+    def prepare_optimizer(self, optimizer, device_placement=None):
+        prepared = super().prepare_optimizer(optimizer, device_placement=device_placement)
+        if self.xla_amp_hooks is not None:
+            inner = prepared
+            while isinstance(inner, accelerate.optimizer.AcceleratedOptimizer):
+                inner = inner.optimizer
+            self.xla_amp_hooks.track_optimizer(inner)
+        return prepared
 
     def prepare_model(self, model, device_placement=None, evaluation_mode: bool = False):
         model = super().prepare_model(model, device_placement=device_placement,

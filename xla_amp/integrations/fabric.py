@@ -45,7 +45,8 @@ MODE_ARGS_DOC = """
             overflow step is skipped on the device) or ``"bf16-true"``
             (bf16 parameters through ``xla_amp.cast_module``; the forward
             still runs under autocast, so its fp32-listed ops -- softmax,
-            losses -- widen).
+            losses -- widen), or ``"fp8-mixed"`` (``"bf16-mixed"`` with the
+            Linear layers in fp8: ``xla_amp.fp8``).
         policy: autocast rules, a name or an ``xla_amp.Policy``; default:
             the device's.
         module_policies: rules for ``xla_amp.module_policies``.
@@ -53,6 +54,9 @@ MODE_ARGS_DOC = """
             ``xla_amp.syncfree`` optimizer keeps the updates bf16 cannot hold.
         keep: ``"bf16-true"``: module classes left in float32.
         scaler: ``"16-mixed"``: ``xla_amp.GradScaler`` arguments.
+        fp8: an ``xla_amp.fp8.Fp8Recipe`` (``"fp8-mixed"``: the default one;
+            also with ``"bf16-mixed"`` / ``"16-mixed"``); delayed scaling's
+            histories roll after each optimizer step.
 
     A bad argument raises ``ValueError`` naming it, before anything changes.
     No ``XLA_USE_*`` environment variable is read or set.
@@ -64,10 +68,10 @@ class XLAAMPPrecision(XLAPrecision):
 
     def __init__(self, precision: str = "bf16-mixed", *, policy=None, module_policies=None,
                  master_weights: bool = False, stochastic_rounding: bool = False,
-                 keep: tuple = (), scaler: dict | None = None) -> None:
+                 keep: tuple = (), scaler: dict | None = None, fp8=None) -> None:
         mode = Mode(precision, policy=policy, module_policies=module_policies,
                     master_weights=master_weights, stochastic_rounding=stochastic_rounding,
-                    keep=keep, scaler=scaler or {})
+                    keep=keep, scaler=scaler or {}, fp8=fp8)
         self.hooks = Hooks(mode)
         self.precision = mode.precision
         # XLAFSDPStrategy's compute_dtype: the parameters' dtype (autocast

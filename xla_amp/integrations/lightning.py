@@ -41,10 +41,10 @@ class XLAAMPPrecision(XLAPrecision):
 
     def __init__(self, precision: str = "bf16-mixed", *, policy=None, module_policies=None,
                  master_weights: bool = False, stochastic_rounding: bool = False,
-                 keep: tuple = (), scaler: dict | None = None) -> None:
+                 keep: tuple = (), scaler: dict | None = None, fp8=None) -> None:
         mode = Mode(precision, policy=policy, module_policies=module_policies,
                     master_weights=master_weights, stochastic_rounding=stochastic_rounding,
-                    keep=keep, scaler=scaler or {})
+                    keep=keep, scaler=scaler or {}, fp8=fp8)
         self.hooks = Hooks(mode)
         self.precision = mode.precision
         self._desired_dtype = mode.param_dtype

@@ -59,12 +59,16 @@ class XLAAMPTrainerMixin:
     """Put before ``transformers.Trainer`` (or a subclass) in the bases.
 
     Extra keyword arguments: ``xla_amp_policy`` (autocast rules, a name or a
-    ``Policy``; default: the device's) and ``xla_amp_module_policies``
-    (rules for ``xla_amp.module_policies``)."""
+    ``Policy``; default: the device's), ``xla_amp_module_policies``
+    (rules for ``xla_amp.module_policies``) and ``xla_amp_fp8`` (an
+    ``xla_amp.fp8.Fp8Recipe``: Linear layers in fp8, with ``bf16=True`` or
+    ``fp16=True`` for the rest)."""
 
-    def __init__(self, *args, xla_amp_policy=None, xla_amp_module_policies=None, **kwargs):
+    def __init__(self, *args, xla_amp_policy=None, xla_amp_module_policies=None,
+                 xla_amp_fp8=None, **kwargs):
         self._xla_amp_options = {"policy": xla_amp_policy,
-                                 "module_policies": xla_amp_module_policies}
+                                 "module_policies": xla_amp_module_policies,
+                                 "fp8": xla_amp_fp8}
         super().__init__(*args, **kwargs)
 
     def create_accelerator_and_postprocess(self) -> None:
