@@ -142,6 +142,7 @@ def test_mnist_malformed_datadir_names_path_and_layout(tmp_path, problem):
     ("train_mnist_amp.py", ["--nosyncfree", "--precision", "bf16_sr"], "sync-free optimizers"),
     ("train_mnist_amp.py", ["--precision", "fp32", "--dtype", "bf16"], "--dtype applies to autocast only"),
     ("train_mnist_amp.py", ["--fsdp"], "--fsdp shards over --num_devices devices"),
+    ("train_mnist_amp.py", ["--fp8", "--precision", "bf16_master"], "--fp8 takes float32 weights"),
 ])
 def test_bad_flag_values_are_usage_errors(script, args, expect):
     proc = launch(script, *args)
@@ -376,3 +377,20 @@ def test_epoch_order_and_augmentation_depend_on_seed_and_epoch_only():
     assert len(full) == 12 and len(tail) == 7
     for (xa, ya), (xb, yb) in zip(full[5:], tail):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_mnist_fp8_flag_and_resume_check(tmp_path):
+    """--fp8: fc1 in fp8 (delayed scaling), the 10-way head kept; one graph
+    execution a step; it learns; a checkpoint written with --fp8 is refused,
+    naming the flag, by a run without it."""
+    ck = tmp_path / "ck.pt"
+    proc = launch("train_mnist_amp.py", *MNIST_TINY, "--max_steps", 40, "--fp8",
+                  "--checkpoint", ck)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ("fp8 (delayed scaling): 1 Linear layers converted; kept in high precision "
+            "(dimensions not multiples of 16): fc2") in proc.stdout
+    assert _executions(proc) == 1.0
+    assert float(re.search(r"held-out acc ([\d.]+)%", proc.stdout).group(1)) > 50.0
+    refused = launch("train_mnist_amp.py", *MNIST_TINY, "--max_steps", 41, "--resume", ck)
+    assert refused.returncode == 2
+    assert "written with --fp8 --fp8_scaling delayed, this run has no --fp8" in refused.stderr

@@ -38,6 +38,13 @@ def define_flags(*, batch_size: int, num_epochs: int, lr: float, optimizer: str 
                       "(bf16 weights, naive), bf16_master (fp32 master copy in the "
                       "optimizer), bf16_sr (stochastic rounding). Default: amp, or fp32 "
                       "with --noamp (docs/precision_modes.md).")
+    flags.DEFINE_bool("fp8", False, "Linear layers in fp8 (xla_amp.fp8: scaled float8 "
+                      "matmuls; layers whose dimensions are not multiples of 16, such as a "
+                      "10-way head, stay in high precision). With --precision amp or fp32 "
+                      "(docs/fp8.md).")
+    flags.DEFINE_enum("fp8_scaling", "delayed", ["dynamic", "delayed"],
+                      "--fp8: scale from each call's amax (dynamic) or from an amax "
+                      "history rolled once per optimizer step (delayed).")
     flags.DEFINE_string("module_policy", None, "Per-module policies, e.g. "
                         "'LayerNorm=fp32,head=fp32' (a torch.nn class name or a glob on "
                         "module names = a policy name or fp32).")
@@ -158,6 +165,11 @@ def define_flags(*, batch_size: int, num_epochs: int, lr: float, optimizer: str 
         ["syncfree", "precision"],
         lambda f: f["syncfree"] or not optimizer_options(f["precision"] or "amp"),
         message="--precision bf16_master/bf16_sr need the sync-free optimizers (--syncfree)")
+    flags.register_multi_flags_validator(
+        ["fp8", "precision", "fsdp"],
+        lambda f: not f["fp8"] or (f["precision"] in (None, "amp", "fp32") and not f["fsdp"]),
+        message="--fp8 takes float32 weights (--precision amp or fp32) and one replica's "
+                "layout (not --fsdp, not supported yet)")
     flags.register_validator("module_policy", _module_policy_ok,
                              message="--module_policy: entries are key=policy, the policy a "
                                      "known name or fp32")

@@ -180,17 +180,31 @@ def setup(task: Task, devices: Devices, ck: Checkpoints) -> Run:
     model = task.build_model().to(dev)
     compat["precision"] = precision
     precision_mod.prepare(model, precision, FLAGS.module_policy)
+    if FLAGS.fp8:
+        compat["fp8"] = FLAGS.fp8_scaling
+        converted, kept = precision_mod.prepare_fp8(model, FLAGS.fp8_scaling)
+        print(f"fp8 ({FLAGS.fp8_scaling} scaling): {len(converted)} Linear layers converted"
+              + (f"; kept in high precision (dimensions not multiples of 16): "
+                 f"{', '.join(kept)}" if kept else ""), flush=True)
     if FLAGS.fsdp:
         compat["fsdp"] = True
         model = precision_mod.shard(model, precision, devices.mesh)
     optimizer = make_optimizer(model.named_parameters(), FLAGS.optimizer, FLAGS.syncfree,
                                FLAGS.lr, FLAGS.momentum, FLAGS.weight_decay,
                                **precision_mod.optimizer_options(precision))
+    if FLAGS.fp8 and FLAGS.fp8_scaling == "delayed":
+        from xla_amp import fp8
+        fp8.attach(optimizer, model)  # the histories roll after each (unskipped) step
     scaler = xla_amp.GradScaler(enabled=FLAGS.amp)
     autocast_kw = dict(enabled=FLAGS.amp, dtype=dtype, policy=FLAGS.policy)
     amp_dtype = autocast_dtype(dev, autocast_kw)
     position = {"epoch": 0, "step": 0, "global_step": 0}
     state = ck.resume_state(compat)         # --resume / --auto_resume: data only
+    if state is not None and state.get("compat", {}).get("fp8") != compat.get("fp8"):
+        from xla_amp_launch.checkpoint import fail
+        fp8_of = lambda c: f"--fp8 --fp8_scaling {c['fp8']}" if c.get("fp8") else "no --fp8"  # noqa: E731
+        fail(2, f"--resume file {ck.resume} was written with {fp8_of(state.get('compat', {}))}, "
+                f"this run has {fp8_of(compat)}")
     if state is not None:
         notes = ck.restore(state, dict(model=model, optimizer=optimizer, scaler=scaler,
                                        amp_dtype=amp_dtype))

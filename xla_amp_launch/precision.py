@@ -67,3 +67,14 @@ def shard(model, precision: str, mesh):
         param_dtype=torch.bfloat16 if precision.startswith("bf16") else torch.float32,
         reduce_dtype=torch.float32 if low else None, keep=_norm_classes())
     return sharded.shard_model(model, spec, mesh=mesh)
+
+
+def prepare_fp8(model, scaling: str) -> tuple[list[str], list[str]]:
+    """--fp8: convert `model`'s Linear layers (xla_amp.fp8), keeping those
+    whose dimensions fp8 GEMMs cannot take; returns (converted, kept) names."""
+    from torch import nn
+    from xla_amp import fp8
+    fp8.convert(model, fp8.Fp8Recipe(scaling=scaling), unaligned="keep")
+    converted = [n for n, m in model.named_modules() if isinstance(m, fp8.Fp8Linear)]
+    kept = [n for n, m in model.named_modules() if type(m) is nn.Linear]
+    return converted, kept

@@ -33,6 +33,11 @@ def _kept(recipe: Fp8Recipe, name: str, module) -> bool:
     return False
 
 
+def aligned(module: nn.Module) -> bool:
+    """Both weight dimensions are multiples of 16 (what fp8 GEMMs need)."""
+    return all(d % ALIGN == 0 for d in module.weight.shape)
+
+
 def candidates(model: nn.Module, recipe: Fp8Recipe) -> list[tuple[str, nn.Module, bool]]:
     """(qualified name, layer, transposed) of every layer `convert` would swap."""
     found = []
@@ -47,11 +52,17 @@ def candidates(model: nn.Module, recipe: Fp8Recipe) -> list[tuple[str, nn.Module
     return found
 
 
-def convert(model: nn.Module, recipe: Fp8Recipe | None = None) -> nn.Module:
+def convert(model: nn.Module, recipe: Fp8Recipe | None = None, *,
+            unaligned: str = "refuse") -> nn.Module:
     """Swaps the eligible layers of `model` for `Fp8Linear` (see the module
     docstring) and returns `model`. Call before building the optimizer or
     after: the parameters are the same objects. ValueError naming the layer
-    on bad input, with the model unchanged."""
+    on bad input, with the model unchanged. ``unaligned="keep"`` leaves a
+    layer whose dimensions are not multiples of 16 in high precision
+    instead of refusing it (a classifier head of 10 or 1000 classes)."""
+    if unaligned not in ("refuse", "keep"):
+        raise ValueError(f"xla_amp.fp8.convert: unaligned must be 'refuse' or 'keep', got "
+                         f"{unaligned!r}")
     if not isinstance(model, nn.Module):
         raise TypeError(f"xla_amp.fp8.convert: expected an nn.Module, got {type(model).__name__}")
     recipe = Fp8Recipe() if recipe is None else recipe
@@ -59,12 +70,14 @@ def convert(model: nn.Module, recipe: Fp8Recipe | None = None) -> nn.Module:
         raise TypeError(f"xla_amp.fp8.convert: recipe must be an Fp8Recipe, got "
                         f"{type(recipe).__name__}")
     found = candidates(model, recipe)
+    if unaligned == "keep":
+        found = [f for f in found if aligned(f[1])]
     if not found:
         raise ValueError(f"xla_amp.fp8.convert: {type(model).__name__} has no nn.Linear or "
                          "Conv1D layer to convert (all kept by the recipe, or none at all)")
     for name, module, _ in found:
         dims = tuple(module.weight.shape)
-        if any(d % ALIGN for d in dims):
+        if not aligned(module):
             raise ValueError(
                 f"xla_amp.fp8.convert: layer {name!r} has weight shape {dims}; fp8 matmuls need "
                 f"both dimensions to be multiples of {ALIGN}: keep it in high precision "
