@@ -16,7 +16,9 @@ sharded over all N); ``2d`` -- 2 x N/2 devices, axes ``data`` x ``fsdp``
 Modes (``ShardedPrecision`` presets, the tpu rules forced so XLA:CPU runs
 them): ``fp32``, ``amp`` (fp32 parameters, bf16 autocast), ``master``
 (bf16 parameters, fp32 master shard), ``sr`` (bf16 parameters, stochastic
-rounding, bf16 state). Every mode trains with ``xla_amp.GradScaler`` and
+rounding, bf16 state), ``fp8`` (``amp`` with the Linear / Conv1D layers in
+fp8, delayed scaling, xla_amp.fp8; layers whose dimensions are not multiples
+of 16 kept). Every mode trains with ``xla_amp.GradScaler`` and
 ``syncfree.AdamW`` under ``precision.optimizer_options()``.
 """
 from __future__ import annotations
@@ -30,7 +32,7 @@ import torch.nn.functional as F
 
 MODELS = ("lm", "resnet")
 MESHES = ("none", "1d", "2d")
-MODES = ("fp32", "amp", "master", "sr")
+MODES = ("fp32", "amp", "master", "sr", "fp8")
 BATCH, SEQ, VOCAB, IMAGE = 8, 32, 1000, 32
 BATCHES = 20  # distinct batches, cycled: a new one each step of a 20-step run (a
 # few batches cycled are memorised within 20 steps, and near-zero losses
@@ -41,6 +43,7 @@ LR = {"lm": 1e-3, "resnet": 1e-4}
 def precision(mode: str):
     from xla_amp.sharded import ShardedPrecision as P
     return {"fp32": P(), "amp": P.amp(torch.bfloat16, policy="tpu"),
+            "fp8": P.amp(torch.bfloat16, policy="tpu"),
             "master": P.bf16_master(policy="tpu"),
             "sr": P.bf16_sr(policy="tpu")}[mode]
 
@@ -101,6 +104,9 @@ class Run:
         self.precision = precision(mode)
         self.dev = torch_xla.device()
         model = build_model(model_name)
+        if mode == "fp8":
+            from xla_amp import fp8
+            fp8.convert(model, fp8.Fp8Recipe(scaling="delayed"), unaligned="keep")
         if mesh_kind == "none":
             self.mesh, self.batch_axes = None, None
             self.model = self.precision.cast(model.to(self.dev))
@@ -114,6 +120,9 @@ class Run:
             self._xs = xs
         self.opt = syncfree.AdamW(self.model.parameters(), lr=lr or LR[model_name],
                                   **self.precision.optimizer_options())
+        if mode == "fp8":
+            from xla_amp import fp8
+            fp8.attach(self.opt, self.model)  # skipped steps leave the histories
         self.scaler = xla_amp.GradScaler(init_scale=2.0**10)
         self.data = [(x.to(self.dev), y.to(self.dev)) for x, y in batches(model_name)]
         if self.mesh is not None:
