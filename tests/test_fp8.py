@@ -299,3 +299,23 @@ def test_compiled_equals_lazy_bit_for_bit(device, scaling):
     assert compiled.item() == lazy.item()
     for a, p in zip(want, model.parameters()):
         assert torch.equal(a, p.grad.cpu())
+
+
+def test_optimized_hlo_keeps_the_float8_converts(tmp_path):
+    """XLA's optimizer (here XLA:CPU's) does not fold the quantization away:
+    after optimization every operand still goes through a float8 convert,
+    x and w in e4m3fn, the output gradients in e5m2 (one shape each)."""
+    import os
+    import re
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PJRT_DEVICE="CPU", XLA_FLAGS=f"--xla_dump_to={tmp_path}")
+    env.pop("CPU_NUM_DEVICES", None)
+    proc = subprocess.run([sys.executable, os.path.join(here, "_fp8_dump_run.py")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = "".join(p.read_text() for p in tmp_path.glob("*after_optimizations.txt"))
+    converts = set(re.findall(r"= (f8e4m3fn|f8e5m2)\[([\d,]+)\]\S* convert\(", text))
+    assert {s for f, s in converts if f == "f8e4m3fn"} == {"8,32", "64,32", "8,64", "16,64"}
+    assert {s for f, s in converts if f == "f8e5m2"} == {"8,64", "8,16"}
