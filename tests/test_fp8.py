@@ -18,27 +18,9 @@ import xla_amp
 from xla_amp import fp8
 from xla_amp.fp8 import _quant
 
-from helpers_fp8_hlo import dots, in_form
+from helpers_fp8 import Block, dots, in_form
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
-
-
-class Block(nn.Module):
-    """A pre-LN transformer block of Linear layers (4 of them)."""
-
-    def __init__(self, d=32, heads=2):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).reshape(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
-        return x + self.down(F.gelu(self.up(self.ln2(x))))
 
 
 def _step_hlo(device, recipe, policy="tpu"):

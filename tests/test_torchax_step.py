@@ -209,3 +209,21 @@ def test_unsupported_optimizers_are_named():
     on_xla = copy.deepcopy(model).to(torch_xla.device())
     with pytest.raises(ValueError, match="xla_amp.syncfree optimizer"):
         xt.make_train_step(model, F.cross_entropy, SGD(on_xla.parameters(), lr=0.1))
+
+
+def test_without_a_scaler_nothing_is_checked_or_skipped():
+    """scaler=None: the program holds no finiteness check and no select over
+    the state (a measured 1455 of 6199 HLO instructions of a GPT-2 step
+    before), and an inf step updates like an unscaled torch step would."""
+    model = _model()
+    step = xt.make_train_step(model, F.cross_entropy, optax.sgd(0.1), policy="tpu")
+    selects = step.lower(*_batch()).as_text().count("stablehlo.select")
+    before = _leaves(step)
+    step(*_batch(poison=True))
+    assert not bool(step.metrics["found_inf"])
+    assert any(a.tobytes() != b.tobytes() for a, b in zip(before, _leaves(step)))
+    scaled = xt.make_train_step(_model(), F.cross_entropy, optax.sgd(0.1), policy="tpu",
+                                scaler=xt.LossScaler())
+    # the skip selects one value per parameter and optimizer-state leaf
+    n = len(jax.tree_util.tree_leaves(scaled.state[:3:2]))
+    assert scaled.lower(*_batch()).as_text().count("stablehlo.select") >= selects + n

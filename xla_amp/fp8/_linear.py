@@ -30,6 +30,14 @@ from xla_amp.fp8._recipe import Fp8Recipe
 
 X, W, G = 0, 1, 2
 
+# device type -> matmul(layer, x, weight, bias) for tensors the autograd
+# Function cannot serve; xla_amp.torchax registers "jax" (register_backend)
+_backends: dict = {}
+
+
+def register_backend(device_type: str, matmul) -> None:
+    _backends[device_type] = matmul
+
 
 def _autocast_off(device_type: str):
     if device_type in ("xla", "cpu", "cuda"):
@@ -46,70 +54,81 @@ def _records() -> bool:
     return not torch.compiler.is_compiling()
 
 
+def forward_impl(x, weight, bias, module, record: bool):
+    """y (float32, [..., out]) and what the backward keeps, (xq, wq, sx, sw).
+    `record`: write the diagnostic buffers. Shared by the autograd.Function
+    (torch_xla) and the jax.custom_vjp (xla_amp.torchax)."""
+    recipe = module.recipe
+    fx, fw, _ = recipe.dtypes()
+    if recipe.scaling == "dynamic":
+        sx = _quant.scale_from_amax(recipe, fx, _quant.amax(x), module.fp8_scale[X])
+        sw = _quant.scale_from_amax(recipe, fw, _quant.amax(weight), module.fp8_scale[W])
+    else:
+        sx, sw = module.fp8_scale[X].clone(), module.fp8_scale[W].clone()
+        pending = module.fp8_amax_pending
+        pending.copy_(torch.maximum(pending, torch.stack(
+            [_quant.amax(x), _quant.amax(weight), torch.zeros_like(pending[G])])))
+    xq = _quant.quantize(x, sx, fx)
+    wq = _quant.quantize(weight, sw, fw)
+    if record:  # whole-buffer copies: a slice written here is refused by AOTAutograd
+        module.fp8_stats.copy_(torch.stack(
+            [_quant.stats(x, xq, sx, fx), _quant.stats(weight, wq, sw, fw),
+             module.fp8_stats[G]]))
+        if recipe.scaling == "dynamic":
+            module.fp8_scale.copy_(torch.stack([sx, sw, module.fp8_scale[G]]))
+    x2 = _quant.dequantize(xq, sx).reshape(-1, x.shape[-1])
+    y = x2 @ _quant.dequantize(wq, sw).t()
+    if bias is not None:
+        y = y + bias.float()
+    return y.reshape(*x.shape[:-1], weight.shape[0]), (xq, wq, sx, sw)
+
+
+def backward_impl(saved, grad_out, module, dtypes, record: bool):
+    """(grad_x, grad_w, grad_b) in `dtypes` (x's, w's, b's or None)."""
+    xq, wq, sx, sw = saved
+    recipe = module.recipe
+    fg = recipe.backward_dtype
+    x_dtype, w_dtype, b_dtype = dtypes
+    g = grad_out.reshape(-1, grad_out.shape[-1])
+    ag = _quant.amax(g)
+    if recipe.scaling == "dynamic":
+        sg = _quant.scale_from_amax(recipe, fg, ag, module.fp8_scale[G])
+        if record:
+            module.fp8_scale.copy_(torch.cat([module.fp8_scale[:G], sg.reshape(1)]))
+    else:
+        sg = module.fp8_scale[G].clone()
+        pending = module.fp8_amax_pending
+        pending.copy_(torch.cat([pending[:G], torch.maximum(pending[G:], ag.reshape(1))]))
+    gq = _quant.quantize(g, sg, fg)
+    if record:
+        module.fp8_stats.copy_(torch.cat([module.fp8_stats[:G],
+                                          _quant.stats(g, gq, sg, fg).reshape(1, 2)]))
+    g_dq = _quant.dequantize(gq, sg)
+    grad_x = (g_dq @ _quant.dequantize(wq, sw)).reshape(xq.shape).to(x_dtype)
+    x2 = _quant.dequantize(xq, sx).reshape(-1, xq.shape[-1])
+    grad_w = (g_dq.t() @ x2).to(w_dtype)
+    grad_b = g.float().sum(0).to(b_dtype) if b_dtype is not None else None
+    return grad_x, grad_w, grad_b
+
+
 class _Fp8MatMul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, module):
-        recipe = module.recipe
-        fx, fw, _ = recipe.dtypes()
         with _autocast_off(x.device.type):
-            if recipe.scaling == "dynamic":
-                sx = _quant.scale_from_amax(recipe, fx, _quant.amax(x), module.fp8_scale[X])
-                sw = _quant.scale_from_amax(recipe, fw, _quant.amax(weight),
-                                            module.fp8_scale[W])
-            else:
-                sx, sw = module.fp8_scale[X].clone(), module.fp8_scale[W].clone()
-                pending = module.fp8_amax_pending
-                pending.copy_(torch.maximum(pending, torch.stack(
-                    [_quant.amax(x), _quant.amax(weight), torch.zeros_like(pending[G])])))
-            xq = _quant.quantize(x, sx, fx)
-            wq = _quant.quantize(weight, sw, fw)
-            if _records():
-                module.fp8_stats.copy_(torch.stack(
-                    [_quant.stats(x, xq, sx, fx), _quant.stats(weight, wq, sw, fw),
-                     module.fp8_stats[G]]))
-            if recipe.scaling == "dynamic" and _records():
-                module.fp8_scale.copy_(torch.stack([sx, sw, module.fp8_scale[G]]))
-            x2 = _quant.dequantize(xq, sx).reshape(-1, x.shape[-1])
-            y = x2 @ _quant.dequantize(wq, sw).t()
-            if bias is not None:
-                y = y + bias.float()
-        ctx.save_for_backward(xq, wq, sx, sw)
-        ctx.module, ctx.has_bias = module, bias is not None
+            y, saved = forward_impl(x, weight, bias, module, _records())
+        ctx.save_for_backward(*saved)
+        ctx.module = module
         ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
-        ctx.x_shape = x.shape
         out_dtype = (torch.get_autocast_dtype(x.device.type)
                      if x.device.type == "xla" and torch.is_autocast_enabled("xla") else x.dtype)
-        return y.reshape(*x.shape[:-1], weight.shape[0]).to(out_dtype)
+        return y.to(out_dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
-        xq, wq, sx, sw = ctx.saved_tensors
-        module = ctx.module
-        recipe = module.recipe
-        fg = recipe.backward_dtype
-        x_dtype, w_dtype, b_dtype = ctx.dtypes
         with _autocast_off(grad_out.device.type):
-            g = grad_out.reshape(-1, grad_out.shape[-1])
-            ag = _quant.amax(g)
-            if recipe.scaling == "dynamic":
-                sg = _quant.scale_from_amax(recipe, fg, ag, module.fp8_scale[G])
-                if _records():
-                    module.fp8_scale.copy_(torch.cat([module.fp8_scale[:G], sg.reshape(1)]))
-            else:
-                sg = module.fp8_scale[G].clone()
-                pending = module.fp8_amax_pending
-                pending.copy_(torch.cat([pending[:G], torch.maximum(pending[G:], ag.reshape(1))]))
-            gq = _quant.quantize(g, sg, fg)
-            if _records():
-                module.fp8_stats.copy_(torch.cat([module.fp8_stats[:G],
-                                                  _quant.stats(g, gq, sg, fg).reshape(1, 2)]))
-            g_dq = _quant.dequantize(gq, sg)
-            w_dq = _quant.dequantize(wq, sw)
-            grad_x = (g_dq @ w_dq).reshape(ctx.x_shape).to(x_dtype)
-            x2 = _quant.dequantize(xq, sx).reshape(-1, ctx.x_shape[-1])
-            grad_w = (g_dq.t() @ x2).to(w_dtype)
-            grad_b = g.float().sum(0).to(b_dtype) if ctx.has_bias else None
-        return grad_x, grad_w, grad_b, None
+            grads = backward_impl(ctx.saved_tensors, grad_out, ctx.module, ctx.dtypes,
+                                  _records())
+        return (*grads, None)
 
 
 @torch.compiler.disable
@@ -156,6 +175,12 @@ class Fp8Linear(nn.Module):
 
     def _forward(self, x):
         weight = self.weight.t() if self.transposed else self.weight
+        if x.device.type == "jax":  # torchax: the same functions under a jax.custom_vjp
+            if _backends.get("jax") is None:
+                raise RuntimeError("xla_amp.fp8: a torchax tensor reached an Fp8Linear; fp8 on "
+                                   "torchax runs through xla_amp's torchax backend: "
+                                   "import xla_amp.torchax")
+            return _backends["jax"](self, x, weight, self.bias)
         return _Fp8MatMul.apply(x, weight, self.bias, self)
 
     def extra_repr(self) -> str:

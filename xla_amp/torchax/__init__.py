@@ -6,6 +6,7 @@ sync-free steps for models torchax runs.
     LossScaler          a tensor-only, sync-free dynamic loss scaler (_scaler.py)
     make_train_step     model + loss + optimizer + policy + scaler -> one
                         jitted step (_step.py), optax or torch.optim optimizers
+    (fp8)               xla_amp.fp8's layers on torchax tensors (_fp8.py)
 
 torchax's internals are reached through _hook.py only; versions are checked
 (_pins.py) before torchax is imported. See docs/torchax.md.
@@ -17,5 +18,6 @@ _pins.check_installed()
 from xla_amp.torchax._region import autocast, module_policies  # noqa: E402
 from xla_amp.torchax._scaler import LossScaler  # noqa: E402
 from xla_amp.torchax._step import TrainStep, make_train_step  # noqa: E402
+from xla_amp.torchax import _fp8  # noqa: E402,F401  (fp8 layers on torchax tensors)
 
 __all__ = ["autocast", "module_policies", "LossScaler", "TrainStep", "make_train_step"]

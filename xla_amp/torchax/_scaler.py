@@ -80,10 +80,10 @@ class LossScaler:
         leaves = [g for g in pytree.tree_leaves(grads) if isinstance(g, torch.Tensor)]
         if not leaves:
             raise ValueError("LossScaler.unscale: no gradient tensors")
+        if not self.enabled:  # nothing is checked, nothing skipped
+            return grads, torch.zeros((), dtype=torch.bool, device=leaves[0].device)
         finite = torch.stack([torch.isfinite(g).all() for g in leaves]).all()
         found_inf = torch.logical_not(finite)
-        if not self.enabled:
-            return grads, found_inf
         inv = torch.reciprocal(state["scale"])
         return pytree.tree_map_only(torch.Tensor, lambda g: g * inv.to(g.dtype), grads), found_inf
 

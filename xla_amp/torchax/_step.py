@@ -15,6 +15,7 @@ Algorithm (one jax.jit, one XLA program per step)::
                 out  = functional_call(model, params + buffers, inputs)
                 loss = loss_fn(out, target)
             scaled = scaler.scale(loss)
+        (no scaler: the update as it comes, no check and no skip; else)
         grads, found_inf = scaler.unscale(grads)         # one reduction;
                                                          # global on a mesh
         params', opt_state' = optimizer update           # _optim.py
@@ -139,6 +140,11 @@ class TrainStep:
         (_, (loss, buffers)), grads = jax.value_and_grad(self._forward_loss, has_aux=True)(
             params, buffers, scaler_state, key, batch)
         env = self.env
+        if not self.scaler.enabled:  # no scaler: no check, no skip (nothing in the program)
+            params, opt_state = self.optimizer.update(params, grads, opt_state, env)
+            metrics = {"loss": loss, "found_inf": jnp.zeros((), bool),
+                       "scale": scaler_state["scale"]}
+            return (params, buffers, opt_state, scaler_state, rng), metrics
         with env:
             g, s = env.j2t_iso((grads, scaler_state))
             g, found_inf = self.scaler.unscale(g, s)

@@ -1,4 +1,5 @@
-"""A matcher for the operand form XLA:GPU's GemmRewriter fuses into a
+"""Shared by the fp8 tests: a transformer block of Linear layers, and a
+matcher for the operand form XLA:GPU's GemmRewriter fuses into a
 cuBLASLt fp8 GEMM, written from xla/service/gpu/transforms/gemm_rewriter.cc
 (openxla/xla): each dot operand is
 
@@ -6,11 +7,35 @@ cuBLASLt fp8 GEMM, written from xla/service/gpu/transforms/gemm_rewriter.cc
       (multiply|divide)( convert(f8 -> wide), broadcast(scalar) )
 
 the dot has one contracting dimension, and not both operands are e5m2.
-Run on torch_xla's HLO text (`_get_xla_tensors_hlo`) or an optimized dump.
+Run on torch_xla's HLO text (`_get_xla_tensors_hlo`), JAX's
+(``lowered.as_text(dialect="hlo")``) or an optimized dump.
 """
 from __future__ import annotations
 
 import re
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    """A pre-LN transformer block of Linear layers (4 of them: 12 matmuls in
+    a training step, forward and both gradients)."""
+
+    def __init__(self, d=32, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).reshape(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.down(F.gelu(self.up(self.ln2(x))))
 
 LAYOUT = {"bitcast", "broadcast", "copy", "reshape", "transpose", "slice", "all-gather",
           "all-to-all", "collective-permute", "bitcast-convert"}
@@ -25,7 +50,8 @@ def parse(hlo: str) -> dict[str, tuple[str, str, list[str], str]]:
         if not m:
             continue
         name, typ, opcode, operands, attrs = m.groups()
-        names = re.findall(r"%([\w.\-]+)", operands)
+        # "f32[8,32]{1,0} %multiply.5, ..." (torch_xla) or "mul.5, ..." (JAX)
+        names = [o.split()[-1].lstrip("%") for o in operands.split(", ") if o.strip()]
         out[name] = (typ, opcode, names, attrs)
     return out
 
