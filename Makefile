@@ -145,6 +145,7 @@ bench: build
 	$(PY) benchmarks/integrations.py
 	$(PY) benchmarks/sharded.py
 	$(PY) benchmarks/checkpoint_write.py
+	$(PY) benchmarks/torchax.py
 
 clean:
 	rm -rf build dist xla_amp/_C*.so xla_amp/_build_info.py xla_amp/.built *.egg-info
