@@ -146,6 +146,7 @@ bench: build
 	$(PY) benchmarks/sharded.py
 	$(PY) benchmarks/checkpoint_write.py
 	$(PY) benchmarks/torchax.py
+	$(PY) benchmarks/fp8.py
 
 clean:
 	rm -rf build dist xla_amp/_C*.so xla_amp/_build_info.py xla_amp/.built *.egg-info
