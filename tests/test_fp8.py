@@ -301,3 +301,24 @@ def test_optimized_hlo_keeps_the_float8_converts(tmp_path):
     converts = set(re.findall(r"= (f8e4m3fn|f8e5m2)\[([\d,]+)\]\S* convert\(", text))
     assert {s for f, s in converts if f == "f8e4m3fn"} == {"8,32", "64,32", "8,64", "16,64"}
     assert {s for f, s in converts if f == "f8e5m2"} == {"8,64", "8,16"}
+
+
+def test_checkpoint_restore_refuses_bad_fp8_state_before_anything_changes(device):
+    """xla_amp.checkpoint.restore checks a state against the model's own
+    state_dict, so the fp8 buffers are covered: a history of another length
+    or a scale of another shape is refused by name, the model unchanged (a
+    float16 scale would be widened exactly, as the precision-mode
+    conversion does for any state)."""
+    from xla_amp import checkpoint
+    recipe = fp8.Fp8Recipe(scaling="delayed", amax_history_len=3)
+    model = fp8.convert(_mlp(), recipe).to(device)
+    good = {k: v.cpu().clone() for k, v in model.state_dict().items()}
+    before = {k: v.cpu().clone() for k, v in model.state_dict().items()}
+    for key, bad in (("0.fp8_amax_history", torch.zeros(3, 5)),
+                     ("2.fp8_scale", torch.ones(4))):
+        state = {"model": dict(good, **{key: bad}),
+                 "record": checkpoint.training_record(model)}
+        with pytest.raises(checkpoint.CheckpointError, match=key.replace(".", r"\.")):
+            checkpoint.restore(state, model=model)
+        for k, v in model.state_dict().items():
+            assert torch.equal(v.cpu(), before[k]), k
