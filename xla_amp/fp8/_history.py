@@ -23,6 +23,21 @@ from xla_amp.fp8 import _quant
 from xla_amp.fp8._linear import Fp8Linear
 
 
+def roll(recipe, hist, pending, scale, found_inf=None):
+    """One layer's roll as values: (history', scale') from its history,
+    pending amaxes and scale (pending becomes 0). Shared by `update_scales`
+    (torch_xla, buffers in place) and xla_amp.torchax's jitted step."""
+    new_hist = torch.cat([pending.reshape(3, 1), hist[:, :-1]], dim=1)
+    amax = new_hist.amax(dim=1) if recipe.amax_compute == "max" else new_hist[:, 0]
+    new_scale = torch.stack([_quant.scale_from_amax(recipe, f, amax[i], scale[i])
+                             for i, f in enumerate(recipe.dtypes())])
+    if found_inf is not None:
+        skip = found_inf.to(torch.bool).reshape(())
+        new_hist = torch.where(skip, hist, new_hist)
+        new_scale = torch.where(skip, scale, new_scale)
+    return new_hist, new_scale
+
+
 @torch.no_grad()
 def update_scales(model: nn.Module, found_inf: torch.Tensor | None = None) -> None:
     """Rolls every delayed-scaling layer's amax history; see the module docstring.
@@ -30,19 +45,11 @@ def update_scales(model: nn.Module, found_inf: torch.Tensor | None = None) -> No
     for module in model.modules():
         if not isinstance(module, Fp8Linear) or module.recipe.scaling != "delayed":
             continue
-        recipe = module.recipe
-        hist, pending, scale = module.fp8_amax_history, module.fp8_amax_pending, module.fp8_scale
-        new_hist = torch.cat([pending.reshape(3, 1), hist[:, :-1]], dim=1)
-        amax = new_hist.amax(dim=1) if recipe.amax_compute == "max" else new_hist[:, 0]
-        new_scale = torch.stack([_quant.scale_from_amax(recipe, f, amax[i], scale[i])
-                                 for i, f in enumerate(recipe.dtypes())])
-        if found_inf is not None:
-            skip = found_inf.to(torch.bool).reshape(())
-            new_hist = torch.where(skip, hist, new_hist)
-            new_scale = torch.where(skip, scale, new_scale)
-        hist.copy_(new_hist)
-        scale.copy_(new_scale)
-        pending.zero_()
+        new_hist, new_scale = roll(module.recipe, module.fp8_amax_history,
+                                   module.fp8_amax_pending, module.fp8_scale, found_inf)
+        module.fp8_amax_history.copy_(new_hist)
+        module.fp8_scale.copy_(new_scale)
+        module.fp8_amax_pending.zero_()
 
 
 def attach(optimizer: torch.optim.Optimizer, model: nn.Module):

@@ -55,9 +55,13 @@ def _records() -> bool:
 
 
 def forward_impl(x, weight, bias, module, record: bool):
-    """y (float32, [..., out]) and what the backward keeps, (xq, wq, sx, sw).
-    `record`: write the diagnostic buffers. Shared by the autograd.Function
-    (torch_xla) and the jax.custom_vjp (xla_amp.torchax)."""
+    """y (float32, [..., out]) and what the backward keeps, (xq, wq, sx, sw,
+    g's scale in force): the backward reads no buffer (on torchax it is
+    traced after the forward's parameters and buffers are gone).
+    `record`: write the module's buffers (delayed scaling's pending amaxes,
+    the diagnostics, dynamic scaling's scales); without it the caller
+    records what it needs (xla_amp.torchax: outside its jax.custom_vjp).
+    Shared by the autograd.Function (torch_xla) and the custom_vjp."""
     recipe = module.recipe
     fx, fw, _ = recipe.dtypes()
     if recipe.scaling == "dynamic":
@@ -65,9 +69,8 @@ def forward_impl(x, weight, bias, module, record: bool):
         sw = _quant.scale_from_amax(recipe, fw, _quant.amax(weight), module.fp8_scale[W])
     else:
         sx, sw = module.fp8_scale[X].clone(), module.fp8_scale[W].clone()
-        pending = module.fp8_amax_pending
-        pending.copy_(torch.maximum(pending, torch.stack(
-            [_quant.amax(x), _quant.amax(weight), torch.zeros_like(pending[G])])))
+        if record:
+            record_forward_amax(module, x, weight)
     xq = _quant.quantize(x, sx, fx)
     wq = _quant.quantize(weight, sw, fw)
     if record:  # whole-buffer copies: a slice written here is refused by AOTAutograd
@@ -80,25 +83,35 @@ def forward_impl(x, weight, bias, module, record: bool):
     y = x2 @ _quant.dequantize(wq, sw).t()
     if bias is not None:
         y = y + bias.float()
-    return y.reshape(*x.shape[:-1], weight.shape[0]), (xq, wq, sx, sw)
+    return y.reshape(*x.shape[:-1], weight.shape[0]), (xq, wq, sx, sw,
+                                                       module.fp8_scale[G].clone())
+
+
+def record_forward_amax(module, x, weight) -> None:
+    """Delayed scaling: raise the running max of x's and w's amax."""
+    pending = module.fp8_amax_pending
+    pending.copy_(torch.maximum(pending, torch.stack(
+        [_quant.amax(x), _quant.amax(weight), torch.zeros_like(pending[G])])))
 
 
 def backward_impl(saved, grad_out, module, dtypes, record: bool):
-    """(grad_x, grad_w, grad_b) in `dtypes` (x's, w's, b's or None)."""
-    xq, wq, sx, sw = saved
+    """((grad_x, grad_w, grad_b) in `dtypes` (x's, w's, b's or None), the
+    output gradient's amax)."""
+    xq, wq, sx, sw, sg_old = saved
     recipe = module.recipe
     fg = recipe.backward_dtype
     x_dtype, w_dtype, b_dtype = dtypes
     g = grad_out.reshape(-1, grad_out.shape[-1])
     ag = _quant.amax(g)
     if recipe.scaling == "dynamic":
-        sg = _quant.scale_from_amax(recipe, fg, ag, module.fp8_scale[G])
+        sg = _quant.scale_from_amax(recipe, fg, ag, sg_old)
         if record:
             module.fp8_scale.copy_(torch.cat([module.fp8_scale[:G], sg.reshape(1)]))
     else:
-        sg = module.fp8_scale[G].clone()
-        pending = module.fp8_amax_pending
-        pending.copy_(torch.cat([pending[:G], torch.maximum(pending[G:], ag.reshape(1))]))
+        sg = sg_old
+        if record:
+            pending = module.fp8_amax_pending
+            pending.copy_(torch.cat([pending[:G], torch.maximum(pending[G:], ag.reshape(1))]))
     gq = _quant.quantize(g, sg, fg)
     if record:
         module.fp8_stats.copy_(torch.cat([module.fp8_stats[:G],
@@ -108,7 +121,7 @@ def backward_impl(saved, grad_out, module, dtypes, record: bool):
     x2 = _quant.dequantize(xq, sx).reshape(-1, xq.shape[-1])
     grad_w = (g_dq.t() @ x2).to(w_dtype)
     grad_b = g.float().sum(0).to(b_dtype) if b_dtype is not None else None
-    return grad_x, grad_w, grad_b
+    return (grad_x, grad_w, grad_b), ag
 
 
 class _Fp8MatMul(torch.autograd.Function):
@@ -126,8 +139,8 @@ class _Fp8MatMul(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         with _autocast_off(grad_out.device.type):
-            grads = backward_impl(ctx.saved_tensors, grad_out, ctx.module, ctx.dtypes,
-                                  _records())
+            grads, _ = backward_impl(ctx.saved_tensors, grad_out, ctx.module, ctx.dtypes,
+                                     _records())
         return (*grads, None)
 
 

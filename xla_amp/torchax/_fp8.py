@@ -5,23 +5,45 @@ gradient quantized to e5m2, the two gradient matmuls on float8 operands)
 instead of differentiating the quantization.
 
     matmul(layer, x, w, b):  torchax tensors in, out
-        custom_vjp(x, w, b):
+        delayed: raise the layer's pending x / w amax (outside the vjp:
+                 buffers are written in the traced step, never inside it)
+        custom_vjp(x, w, b, probe):
             fwd: autocast suspended; y, (xq, wq, sx, sw) = forward_impl
-            bwd: autocast suspended; grads = backward_impl
+            bwd: autocast suspended; grads, amax(g) = backward_impl
+                 -> (grads, amax(g) as the probe's cotangent)
         output: the region's dtype under xla_amp.torchax.autocast, else x's
 
-Dynamic scaling only: a custom_vjp cannot write the module's buffers (delayed
-scaling's history, the diagnostics) without leaking traced values out of
-JAX's transformation, so delayed scaling is refused here by name.
+A custom_vjp cannot write a buffer from its backward, so the output
+gradient's amax leaves it as the cotangent of a zero "probe" input: a step
+that differentiates the probes too (make_train_step does, `probing`) gets
+each delayed layer's amax(g) and rolls the history itself. Called without
+probes (a hand-written step), delayed scaling is refused by name.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 
 import jax
+import jax.numpy as jnp
 
 from xla_amp.fp8 import _linear
 from xla_amp.torchax import _region
+
+_probes = threading.local()
+
+
+@contextlib.contextmanager
+def probing(probes: dict):
+    """Inside: delayed-scaling layer -> its probe (a 0-d float32 JAX value the
+    caller differentiates: its gradient is amax(g) of the layer's backward)."""
+    previous = getattr(_probes, "map", None)
+    _probes.map = probes
+    try:
+        yield
+    finally:
+        _probes.map = previous
 
 
 def _env(x):
@@ -30,17 +52,22 @@ def _env(x):
 
 
 def matmul(layer, x, weight, bias):
-    if layer.recipe.scaling != "dynamic":
-        raise ValueError(
-            "xla_amp.fp8 on torchax: delayed scaling writes its amax history from the "
-            "backward, which a jax.custom_vjp cannot do; use Fp8Recipe(scaling='dynamic')")
     env = _env(x)
+    probe = None
+    if layer.recipe.scaling == "delayed":
+        probe = (getattr(_probes, "map", None) or {}).get(layer)
+        if probe is None:
+            raise ValueError(
+                "xla_amp.fp8 on torchax: delayed scaling needs a step that carries the amax "
+                "histories (xla_amp.torchax.make_train_step); a hand-written step can use "
+                "Fp8Recipe(scaling='dynamic')")
+        _run(env, _linear.record_forward_amax, layer, x, weight)
     top = _region.current()
     out_dtype = top[1] if top is not None else x.dtype
     dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
-    args = (x.jax(), weight.jax(), None if bias is None else bias.jax())
-    y = _vjp(layer, env, dtypes, out_dtype, *args)
-    return env.j2t_iso(y)
+    args = (x.jax(), weight.jax(), None if bias is None else bias.jax(),
+            jnp.zeros((), jnp.float32) if probe is None else probe)
+    return env.j2t_iso(_vjp(layer, env, dtypes, out_dtype, *args))
 
 
 def _run(env, fn, *args):
@@ -50,29 +77,26 @@ def _run(env, fn, *args):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
-def _vjp(layer, env, dtypes, out_dtype, x, w, b):
-    return _fwd(layer, env, dtypes, out_dtype, x, w, b)[0]
+def _vjp(layer, env, dtypes, out_dtype, x, w, b, probe):
+    return _fwd(layer, env, dtypes, out_dtype, x, w, b, probe)[0]
 
 
-def _fwd(layer, env, dtypes, out_dtype, x, w, b):
+def _fwd(layer, env, dtypes, out_dtype, x, w, b, probe):
     def body():
         xt, wt, bt = env.j2t_iso((x, w, b))
         y, saved = _linear.forward_impl(xt, wt, bt, layer, record=False)
         return env.t2j_iso((y.to(out_dtype), saved))
-    y, saved = _run(env, body)
-    return y, saved
+    return _run(env, body)
 
 
 def _bwd(layer, env, dtypes, out_dtype, saved, g):
     def body():
         s, gt = env.j2t_iso((saved, g))
-        grads = _linear.backward_impl(s, gt, layer, dtypes, record=False)
-        return env.t2j_iso(grads)
-    gx, gw, gb = _run(env, body)
-    return gx, gw, gb
+        grads, ag = _linear.backward_impl(s, gt, layer, dtypes, record=False)
+        return env.t2j_iso((grads, ag))
+    (gx, gw, gb), ag = _run(env, body)
+    return gx, gw, gb, ag
 
 
 _vjp.defvjp(_fwd, _bwd)
 _linear.register_backend("jax", matmul)
-
-__all__ = ["matmul"]

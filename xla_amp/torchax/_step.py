@@ -16,6 +16,8 @@ Algorithm (one jax.jit, one XLA program per step)::
                 loss = loss_fn(out, target)
             scaled = scaler.scale(loss)
         (no scaler: the update as it comes, no check and no skip; else)
+        fp8 delayed layers: amax(g) is the gradient of a zero probe each;
+        their histories roll after the update (kept on a skip)
         grads, found_inf = scaler.unscale(grads)         # one reduction;
                                                          # global on a mesh
         params', opt_state' = optimizer update           # _optim.py
@@ -36,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from xla_amp.torchax import _optim
+from xla_amp.torchax import _fp8, _optim
 from xla_amp.torchax._region import autocast as _autocast
 from xla_amp.torchax._scaler import LossScaler
 
@@ -74,6 +76,10 @@ class TrainStep:
                                 env=self.env, backend=backend)
         self.scaler = scaler or LossScaler(enabled=False)
         self.model, self.loss_fn, self.mesh, self.sharding = model, loss_fn, mesh, sharding
+        from xla_amp.fp8 import Fp8Linear
+        # delayed-scaling fp8 layers: their amax(g) comes back as a probe's gradient
+        self._fp8 = [(n, m) for n, m in model.named_modules()
+                     if isinstance(m, Fp8Linear) and m.recipe.scaling == "delayed"]
         names_by_id = {id(p): n for n, p in model.named_parameters()}
         self.optimizer = _optim.adapter(optimizer, names_by_id)
         params = {n: p.detach() for n, p in model.named_parameters()}
@@ -121,11 +127,12 @@ class TrainStep:
         return tuple(out)
 
     # -- the step ----------------------------------------------------------
-    def _forward_loss(self, params, buffers, scaler_state, key, batch):
+    def _forward_loss(self, params, probes, buffers, scaler_state, key, batch):
         env = self.env
         # the step's own key: torchax's is a process-wide value a trace would
         # bake in (every step the same dropout mask) and a resume would lose
-        with env, env.override_property(prng=key), self.region:
+        with env, env.override_property(prng=key), self.region, \
+                _fp8.probing({m: probes[n] for n, m in self._fp8}):
             p, b, s, args = env.j2t_iso((params, buffers, scaler_state, batch))
             out = torch.func.functional_call(self.model, {**p, **b}, tuple(args[:-1]))
             loss = self.loss_fn(out, args[-1])
@@ -137,11 +144,14 @@ class TrainStep:
     def _step(self, state, batch):
         params, buffers, opt_state, scaler_state, rng = state
         rng, key = jax.random.split(rng)
-        (_, (loss, buffers)), grads = jax.value_and_grad(self._forward_loss, has_aux=True)(
-            params, buffers, scaler_state, key, batch)
+        probes = {n: jnp.zeros((), jnp.float32) for n, _ in self._fp8}
+        (_, (loss, buffers)), (grads, amax_g) = jax.value_and_grad(
+            self._forward_loss, argnums=(0, 1), has_aux=True)(
+            params, probes, buffers, scaler_state, key, batch)
         env = self.env
         if not self.scaler.enabled:  # no scaler: no check, no skip (nothing in the program)
             params, opt_state = self.optimizer.update(params, grads, opt_state, env)
+            buffers = self._roll_fp8(buffers, amax_g, None)
             metrics = {"loss": loss, "found_inf": jnp.zeros((), bool),
                        "scale": scaler_state["scale"]}
             return (params, buffers, opt_state, scaler_state, rng), metrics
@@ -153,11 +163,32 @@ class TrainStep:
         keep = lambda old, new: jnp.where(found_inf_j, old, new)  # noqa: E731
         params = jax.tree_util.tree_map(keep, params, new_params)
         opt_state = jax.tree_util.tree_map(keep, opt_state, new_opt)
+        buffers = self._roll_fp8(buffers, amax_g, found_inf_j)
         with env:
             s = self.scaler.update(env.j2t_iso(scaler_state), env.j2t_iso(found_inf_j))
             scaler_state = env.t2j_iso(s)
         metrics = {"loss": loss, "found_inf": found_inf_j, "scale": scaler_state["scale"]}
         return (params, buffers, opt_state, scaler_state, rng), metrics
+
+    def _roll_fp8(self, buffers, amax_g, found_inf):
+        """Delayed fp8 layers: raise pending amax(g), then roll the history
+        (xla_amp.fp8's roll; a skipped step leaves history and scale)."""
+        if not self._fp8:
+            return buffers
+        from xla_amp.fp8._history import roll
+        env = self.env
+        with env:
+            b = dict(env.j2t_iso(buffers))
+            ag = env.j2t_iso(amax_g)
+            skip = None if found_inf is None else env.j2t_iso(found_inf)
+            for name, layer in self._fp8:
+                pend = b[f"{name}.fp8_amax_pending"]
+                pend = torch.cat([pend[:2], torch.maximum(pend[2:], ag[name].reshape(1))])
+                hist, scale = roll(layer.recipe, b[f"{name}.fp8_amax_history"], pend,
+                                   b[f"{name}.fp8_scale"], skip)
+                b[f"{name}.fp8_amax_history"], b[f"{name}.fp8_scale"] = hist, scale
+                b[f"{name}.fp8_amax_pending"] = torch.zeros_like(pend)
+            return env.t2j_iso(b)
 
     def __call__(self, *batch):
         """One step on `batch` (inputs..., target); returns the loss (a JAX
