@@ -15,6 +15,17 @@ import torch_xla  # noqa: E402
 import xla_amp  # noqa: E402,F401
 
 
+def pytest_ignore_collect(collection_path, config):
+    """The torchax tests' modules import torchax, which renames PyTorch's
+    PrivateUse1 backend to "jax" for the whole process (and so changes what
+    torch.distributed.checkpoint does in it): they are collected only when
+    the torchax marker is selected (`make torchax`), so no other run's
+    worker imports torchax."""
+    if collection_path.name.startswith("test_torchax"):
+        return "torchax" not in (config.getoption("markexpr") or "")
+    return None
+
+
 @pytest.fixture(scope="session")
 def device():
     return torch_xla.device()

@@ -28,3 +28,33 @@ def test_torch_xla_unchanged_by_torchax_in_the_process():
     assert alone["rows"] == together["rows"]
     assert set(alone["rows"]) == {"tpu", "cuda", "cpu"}
     assert alone["fastpath"] and not together["fastpath"]  # what torchax's import changes
+
+
+_DCP_AFTER_TORCHAX = """
+import sys, torch, torchax
+import torch.distributed.checkpoint as dcp
+path, ahead = sys.argv[1], int(sys.argv[2])
+try:
+    dcp.save({"a": torch.ones(4)}, storage_writer=dcp.FileSystemWriter(
+        path, per_thread_copy_ahead=ahead), no_dist=True)
+    print("saved")
+except BaseException as e:  # (DCP's CheckpointException is a BaseException)
+    print("failed:", repr(e)[:300])
+"""
+
+
+def test_dcp_save_after_importing_torchax(tmp_path):
+    """Upstream defect (torch 2.9 DCP + torchax 0.0.13), pinned: once torchax
+    names PrivateUse1 "jax", DCP's FileSystemWriter takes its copy-ahead
+    loader and calls the device module's current_stream(), which torchax's
+    lacks; xla_amp.sharded.save passes per_thread_copy_ahead=0, which
+    saves. When the first case saves, drop that argument."""
+    out = {}
+    for ahead in (10_000_000, 0):
+        proc = subprocess.run([sys.executable, "-c", _DCP_AFTER_TORCHAX,
+                               str(tmp_path / f"c{ahead}"), str(ahead)],
+                              capture_output=True, text=True, timeout=300,
+                              env=dict(os.environ, JAX_PLATFORMS="cpu"))
+        out[ahead] = proc.stdout.strip().splitlines()[-1]
+    assert "current_stream" in out[10_000_000], out
+    assert out[0] == "saved", out

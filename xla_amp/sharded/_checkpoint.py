@@ -149,7 +149,12 @@ def save(path: str | os.PathLike, *, model, optimizer=None, scaler=None) -> None
     if _coordinator():
         os.makedirs(path, exist_ok=True)
         _record.write(path, _record.describe(model, optimizer))
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(path),
+    # per_thread_copy_ahead=0: DCP's copy-ahead loader (GPU-to-host overlap)
+    # is chosen whenever a PrivateUse1 backend says it is available, and then
+    # calls its device module's current_stream(): torchax names PrivateUse1
+    # "jax" on import and has none, so every save failed in a process that
+    # had imported torchax (tests/test_torchax_coexist.py pins it)
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(path, per_thread_copy_ahead=0),
              planner=_save_planner(), **_distributed())
 
 
