@@ -135,8 +135,8 @@ def test_save_state_load_state_resumes_bit_identically(precision, tmp_path):
 def test_bad_settings_are_refused_before_accelerate_starts():
     with pytest.raises(ValueError, match="'tpu' policy does not support"):
         Accelerator(mixed_precision="fp16", policy="tpu")
-    with pytest.raises(ValueError, match="mixed_precision='fp8'"):
-        Accelerator(mixed_precision="fp8")
+    with pytest.raises(ValueError, match="mixed_precision='int8'"):
+        Accelerator(mixed_precision="int8")
     with pytest.raises(ValueError, match="GradScalerKwargs apply to mixed_precision='fp16'"):
         Accelerator(mixed_precision="bf16", kwargs_handlers=[GradScalerKwargs(init_scale=8.0)])
 

@@ -92,8 +92,11 @@ def test_scale_sequence_equals_torch_grad_scaler():
         assert ours.state_dict(again) == got
 
 
-def test_torch_optim_matches_plain_torch():
-    """torch.optim's AdamW run by the step == the same AdamW in CPU eager (fp32)."""
+def test_torch_optim_matches_plain_torch(device):
+    """torch.optim's AdamW run by the step == the same AdamW in CPU eager (fp32).
+    (`device`: the XLA runtime starts before this CPU backward; a first
+    backward before it leaves later XLA backwards failing -- pinned in
+    tests/test_xla_known_issues.py.)"""
     model = _model()
     ref = _model()
     opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2)

@@ -94,3 +94,30 @@ def test_amax_without_dims_reduces_nothing(device):
     assert x.amax().shape == torch.Size([])
     assert x.to(device).amax().shape == torch.Size([3, 4])
     assert x.to(device).max().shape == torch.Size([])
+
+
+_CPU_BACKWARD_FIRST = """
+import torch, torch_xla
+a = torch.randn(3, requires_grad=True)
+(a * 2).sum().backward()             # the process's first backward, on the CPU
+w = torch.randn(4, device=torch_xla.device(), requires_grad=True)
+try:
+    (w * 2).sum().backward()
+    print("ok")
+except RuntimeError as e:
+    print("failed:", str(e)[:120])
+"""
+
+
+def test_xla_backward_after_a_first_cpu_backward_fails():
+    """The autograd engine sizes its per-device queues at the first backward
+    of the process; when that one runs on the CPU before the XLA runtime has
+    started, a later XLA backward hits an internal assert. Tests that run a
+    CPU backward take the `device` fixture first (test_torchax_step.py).
+    When this fails, that precaution can go."""
+    import os
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-c", _CPU_BACKWARD_FIRST], capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, PJRT_DEVICE="CPU"))
+    assert "device_ready_queues_" in proc.stdout, proc.stdout + proc.stderr[-2000:]
