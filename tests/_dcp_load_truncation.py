@@ -14,7 +14,10 @@ os.environ["CPU_NUM_DEVICES"] = "2"
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import torch.distributed.checkpoint as dcp  # noqa: E402
+import torch.distributed.checkpoint as dcp
+# per_thread_copy_ahead=0 on every writer: torch_xla's mark_sharding imports
+# torchax when it is installed, which names PrivateUse1 "jax" and breaks DCP's
+# copy-ahead loader (tests/test_torchax_coexist.py pins it)  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch_xla  # noqa: E402
 import torch_xla.runtime as xr  # noqa: E402
@@ -71,7 +74,7 @@ for case, ((path, want), rows, dtype) in cases.items():
 out["ours"]["unchanged"] = unchanged
 cpu = os.path.join(root, "cpu")  # plain DCP, unsharded CPU tensors: compared
 dcp.save({"model": nn.Linear(4, 16, bias=False).state_dict()},
-         storage_writer=dcp.FileSystemWriter(cpu), no_dist=True)
+         storage_writer=dcp.FileSystemWriter(cpu, per_thread_copy_ahead=0), no_dist=True)
 try:
     dcp.load({"model": nn.Linear(4, 8, bias=False).state_dict()},
              storage_reader=dcp.FileSystemReader(cpu), no_dist=True)

@@ -13,7 +13,10 @@ os.environ["CPU_NUM_DEVICES"] = "4"
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import torch.distributed.checkpoint as dcp  # noqa: E402
+import torch.distributed.checkpoint as dcp
+# per_thread_copy_ahead=0 on every writer: torch_xla's mark_sharding imports
+# torchax when it is installed, which names PrivateUse1 "jax" and breaks DCP's
+# copy-ahead loader (tests/test_torchax_coexist.py pins it)  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch_xla  # noqa: E402
 import torch_xla.runtime as xr  # noqa: E402
@@ -38,7 +41,8 @@ def keys(path):
 
 
 up = os.path.join(root, "upstream")
-dcp.save({"model": model.state_dict()}, storage_writer=dcp.FileSystemWriter(up),
+dcp.save({"model": model.state_dict()},
+         storage_writer=dcp.FileSystemWriter(up, per_thread_copy_ahead=0),
          planner=SPMDSavePlanner(), no_dist=True)
 out["upstream_keys"] = keys(up)
 ours = os.path.join(root, "ours")
