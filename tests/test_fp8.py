@@ -149,15 +149,17 @@ def test_delayed_scaling_equals_reference(device, recipe):
     assert got == pytest.approx(_delayed_reference(steps, skipped, recipe)), got
 
 
-def test_update_scales_after_optimizer_step_with_the_grad_scaler(device):
+@pytest.mark.parametrize("optimizer", ["SGD", "Adam", "AdamW"])
+def test_update_scales_after_optimizer_step_with_the_grad_scaler(device, optimizer):
     """attach(): the history rolls after each optimizer step, not per
-    backward; a step the GradScaler skips leaves it."""
+    backward; a step the GradScaler skips leaves it -- with every syncfree
+    optimizer."""
     from xla_amp import syncfree
     recipe = fp8.Fp8Recipe(scaling="delayed", amax_history_len=4)
     torch.manual_seed(0)
     model = fp8.convert(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16)),
                         recipe).to(device)
-    opt = syncfree.SGD(model.parameters(), lr=0.1)
+    opt = getattr(syncfree, optimizer)(model.parameters(), lr=0.1)
     fp8.attach(opt, model)
     scaler = xla_amp.GradScaler(init_scale=2.0 ** 4)
     hist = model[0].fp8_amax_history

@@ -23,7 +23,8 @@ def test_lm_trains_sharded_like_one_device(mode, mesh, devices):
                        reference("lm", "fp32"))
 
 
-@pytest.mark.parametrize("mode,mesh,devices", [("master", "1d", 2), ("sr", "2d", 4)])
+@pytest.mark.parametrize("mode,mesh,devices", [("master", "1d", 2), ("sr", "2d", 4),
+                                               ("fp8", "1d", 2)])
 def test_lm_checkpoint_restores_in_a_fresh_process_bit_identically(tmp_path, mode, mesh, devices):
     k, ckpt = 10, str(tmp_path / "ckpt")
     whole = run("lm", mesh, devices, mode, "--save-at", str(k), "--ckpt", ckpt)
