@@ -229,10 +229,7 @@ def check_dispatchable(policy: Policy, env) -> None:
 def _runs(env, overload: str) -> bool:
     if torch._C._dispatch_has_kernel_for_dispatch_key(overload, "CompositeImplicitAutograd"):
         return True
-    ns, _, rest = overload.partition("::")
-    base, _, name = rest.partition(".")
-    return _hook.has_lowering(env, getattr(getattr(getattr(torch.ops, ns), base),
-                                           name or "default"))
+    return _hook.has_lowering(env, _rules.overload_of(overload))
 
 
 class Regions:

@@ -65,7 +65,8 @@ COMPOSITES = types.MappingProxyType({
 })
 
 
-def _overload(name: str) -> torch._ops.OpOverload:
+def overload_of(name: str) -> torch._ops.OpOverload:
+    """The OpOverload object a dispatcher name (``aten::mm``, ``aten::pow.Scalar``) names."""
     ns, base, overload = ops.split(name)
     return getattr(getattr(getattr(torch.ops, ns), base), overload or "default")
 
@@ -81,39 +82,38 @@ class Rules:
     adapt_name: Mapping[str, str]
 
     def lookup(self, func) -> str | None:
-        cat = self.by_overload.get(func)
-        if cat is not None or isinstance(func, torch._ops.OpOverload):
-            return cat
-        name = getattr(func, "__name__", None)
-        if not isinstance(name, str):
-            return None
+        if isinstance(func, torch._ops.OpOverload):
+            return self.by_overload.get(func)
+        name = _python_name(func)
         cat = self.by_name.get(ALIASES.get(name, name))
         if cat is None and name in COMPOSITES:
             cat = self.by_name.get(COMPOSITES[name])
         return cat
 
     def adaptation(self, func) -> str | None:
-        kind = self.adapt_overload.get(func)
-        if kind is not None or isinstance(func, torch._ops.OpOverload):
-            return kind
-        name = getattr(func, "__name__", None)
-        return self.adapt_name.get(name) if isinstance(name, str) else None
+        if isinstance(func, torch._ops.OpOverload):
+            return self.adapt_overload.get(func)
+        return self.adapt_name.get(_python_name(func))
 
     def banned_message(self, func) -> str:
         name = func.name() if isinstance(func, torch._ops.OpOverload) else func.__name__
-        base = ALIASES.get(name.split("::")[-1].split(".")[0], name.split("::")[-1].split(".")[0])
+        short = name.split("::")[-1].split(".")[0]
+        base = ALIASES.get(short, short)
         reason = (self.policy.banned_reasons.get(name.replace("aten.", "aten::"))
                   or self.policy.banned_reasons.get(f"aten::{base}", ""))
         return (f"xla_amp: {name} is banned in autocast regions under policy "
                 f"'{self.policy.name}'. {reason}")
 
 
+def _python_name(func) -> str | None:
+    name = getattr(func, "__name__", None)
+    return name if isinstance(name, str) else None
+
+
 @functools.lru_cache(maxsize=64)
 def _compile_cached(policy: Policy, generation: int) -> Rules:
-    by_overload: dict[object, str] = {}
-    for name, cat in policy.expanded().items():
-        op = _overload(name)
-        by_overload[op] = cat
+    expanded = policy.expanded()
+    by_overload = {overload_of(name): cat for name, cat in expanded.items()}
     by_name: dict[str, str] = {}
     ambiguous: set[str] = set()
     for name, cat in policy.categories.items():
@@ -129,8 +129,8 @@ def _compile_cached(policy: Policy, generation: int) -> Rules:
         if name in policy.categories:
             continue
         for overload in ops.overloads(name):
-            if overload not in policy.expanded():
-                adapt_overload[_overload(overload)] = kind
+            if overload not in expanded:
+                adapt_overload[overload_of(overload)] = kind
         if "." not in name:
             adapt_name[ops.split(name)[1]] = kind
     frozen = types.MappingProxyType

@@ -242,10 +242,9 @@ class TrainStep:
             _check(f"optimizer[{i}]", t, a)
         with self.env:
             scaler_state = {k: v.jax() for k, v in self.scaler.load_state_dict(sd["scaler"]).items()}
-        to_j = _to_jax
         self.state = self._place((
-            {k: to_j(model[k]) for k in params}, {k: to_j(model[k]) for k in buffers},
-            jax.tree_util.tree_unflatten(treedef, [to_j(t) for t in sd["optimizer"]]),
+            {k: _to_jax(model[k]) for k in params}, {k: _to_jax(model[k]) for k in buffers},
+            jax.tree_util.tree_unflatten(treedef, [_to_jax(t) for t in sd["optimizer"]]),
             scaler_state, jnp.asarray(key.numpy().astype(np.uint32))))
 
 
