@@ -66,7 +66,7 @@ bazel: $(STAMP)
 	@rm -f xla_amp/.built
 	$(call install_lib,build/bazel-bin/_C.so,build/bazel-bin/_build_info.py)
 	$(PY) -c "import xla_amp, xla_amp._build_info as b; assert b.BUILDER == 'bazel', b.BUILDER"
-	$(PY) -m pytest -q tests/test_engine.py
+	$(PY) -m pytest -q tests/engine/test_engine.py
 
 # A wheel for an existing torch_xla environment (dist/; Requires-Dist pins
 # the torch / torch_xla release series it was built against).
@@ -114,21 +114,21 @@ torchax: build
 fp8: build
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m fp8 --durations=10 tests
 
-# The model-zoo sweep: the torchvision models of tests/test_zoo.py under every
+# The model-zoo sweep: the torchvision models of tests/zoo/test_zoo.py under every
 # policy (make test runs a subset), one model at a time: RegNet-Y alone grows
 # past 8 GB while it compiles, and two large models side by side were killed
 # for memory on 24 GB. Six models, ~6 minutes on 2 cores (session 7).
-# tests/test_zoo_hf.py: Transformers (GPT-2, Llama, Mistral, BERT, T5) and
+# tests/zoo/test_zoo_hf.py: Transformers (GPT-2, Llama, Mistral, BERT, T5) and
 # timm (ViT, EfficientNet-B0, ConvNeXt, ResNet-D) models, lazy and compiled:
 # 9 models, 5.5-8 minutes on 2 cores (peak 3.5 GB, EfficientNet-B0).
 # --durations shows each.
 zoo: build
-	$(PY) -m pytest -q -m zoo tests/test_zoo.py tests/test_zoo_hf.py --durations=0
+	$(PY) -m pytest -q -m zoo tests/zoo/test_zoo.py tests/zoo/test_zoo_hf.py --durations=0
 
 # DenseNet-121 alone, one process per variant: 25 minutes on 2 cores, peak ~10 GB
 # (the four variants in one process grew past 23 GB; not in CI).
 zoo-large: build
-	$(PY) -m pytest -q -m zoo_large tests/test_zoo.py
+	$(PY) -m pytest -q -m zoo_large tests/zoo/test_zoo.py
 
 # The main job: AMP training on real handwritten digits (sklearn's, shipped in
 # the package), GradScaler + a syncfree optimizer, on XLA:CPU.

@@ -29,7 +29,7 @@ timed in interleaved rounds, one process busy at a time. Reported: median
 ms/step and steps/s, executions and device-to-host transfers per step, and
 ratios paired by round: xla_amp's row against plain and against stock.
 Lightning on XLA:CPU needs its TPU probe patched (no TPU chip here; the
-device it then uses is XLA:CPU), as in tests/test_integrations_lightning.py.
+device it then uses is XLA:CPU), as in tests/integrations/test_integrations_lightning.py.
 """
 from __future__ import annotations
 

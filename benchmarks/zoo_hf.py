@@ -62,7 +62,7 @@ def _hf_model(name: str) -> nn.Module:
         # log-softmax. Reproducer (returns [2, 8], not [2, 4]):
         # torch.compile(lambda x: l2(F.dropout(torch.tanh(l1(x)), 0.0)),
         # backend="openxla") with l1 = Linear(8, 8), l2 = Linear(8, 4);
-        # pinned in tests/test_zoo_hf.py. The classifier's dropout (p=0, the
+        # pinned in tests/zoo/test_zoo_hf.py. The classifier's dropout (p=0, the
         # identity) as nn.Identity: the same model, and the compiled forward
         # returns the loss.
         model.dropout = nn.Identity()

@@ -15,15 +15,41 @@ import torch_xla  # noqa: E402
 import xla_amp  # noqa: E402,F401
 
 
+# The suite's layout: tests/<folder>/ mirrors xla_amp/'s subpackages, and
+# each make target beyond `make test` is a marker. A folder that is wholly one
+# target marks every test in it (FOLDER_TARGETS); elsewhere a heavy file or
+# test carries its target's marker itself, and lives in that target's folder
+# (tests/suite/test_layout_of_tests.py checks both).
+FOLDER_TARGETS = {"torchax": "torchax", "zoo": "zoo"}
+TARGET_FOLDERS = {"zoo": "zoo", "zoo_large": "zoo", "integrations": "integrations",
+                  "sharded": "sharded", "faults": "checkpoint", "torchax": "torchax",
+                  "fp8": "fp8", "launchers": "launchers"}
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def folder_of(path) -> str | None:
+    """The first folder below tests/ that `path` lies in, or None."""
+    rel = os.path.relpath(str(path), TESTS).split(os.sep)
+    return rel[0] if len(rel) > 1 and rel[0] != ".." else None
+
+
 def pytest_ignore_collect(collection_path, config):
-    """The torchax tests' modules import torchax, which renames PyTorch's
+    """tests/torchax/'s modules import torchax, which renames PyTorch's
     PrivateUse1 backend to "jax" for the whole process (and so changes what
     torch.distributed.checkpoint does in it): they are collected only when
     the torchax marker is selected (`make torchax`), so no other run's
     worker imports torchax."""
-    if collection_path.name.startswith("test_torchax"):
+    if folder_of(collection_path) == "torchax":
         return "torchax" not in (config.getoption("markexpr") or "")
     return None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        target = FOLDER_TARGETS.get(folder_of(item.path))
+        if target and item.get_closest_marker(target) is None:
+            item.add_marker(getattr(pytest.mark, target))
+    # (pluggy calls this conftest's hook before pytest's own -m selection)
 
 
 @pytest.fixture(scope="session")
@@ -51,7 +77,7 @@ def device():
 # xdist's own `--dist loadgroup` cannot do this on pytest 9.2: it tags node
 # ids through `item._nodeid`, which pytest no longer reads, and silently
 # stops grouping (pytest-dev/pytest-xdist#1386; pinned in
-# tests/test_suite_scheduling.py). So `--dist loadgroup` here means
+# tests/suite/test_suite_scheduling.py). So `--dist loadgroup` here means
 # SuiteUnits below: xdist's scope scheduler with these units as scopes.
 LARGE_GRAPHS = {"test_zoo.py", "test_zoo_hf.py", "test_compiled_models.py"}
 SMALL_GRAPHS = {"test_launchers.py", "test_launcher_devices.py", "test_compiled_training.py",

@@ -24,7 +24,7 @@ from xla_amp.fp8._recipe import FP8_MAX, Fp8Recipe
 def amax(t: torch.Tensor) -> torch.Tensor:
     """max |t| in float32 (a 0-d tensor). Not ``amax()``: PyTorch/XLA 2.9
     reduces over no dimension when amax gets none (CPU eager reduces over all;
-    pinned in tests/test_xla_known_issues.py)."""
+    pinned in tests/engine/test_xla_known_issues.py)."""
     return t.detach().abs().max().float()
 
 

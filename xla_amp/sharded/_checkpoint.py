@@ -75,7 +75,7 @@ def _settle() -> None:
 def _save_planner():
     """PyTorch/XLA's SPMDSavePlanner, writing each chunk once.
 
-    Upstream defect (torch_xla 2.9, pinned in tests/test_sharded_api.py): a
+    Upstream defect (torch_xla 2.9, pinned in tests/sharded/test_sharded_api.py): a
     tensor replicated over one mesh axis and sharded over another (FSDPv2
     with ``extra_data_axis``: parameters sharded over ``fsdp``, replicated
     over ``data``) gets one write item per local shard, replicas included;
@@ -107,9 +107,9 @@ def _load_planner(values: dict[str, Any]):
     """PyTorch/XLA's SPMDLoadPlanner taking the non-tensor entries already
     read and checked (weights-only) by :func:`load` instead of unpickling
     them again with ``torch.load`` (whose ``weights_only`` an environment
-    variable can turn off: pinned in tests/test_sharded_checkpoint_safety.py).
+    variable can turn off: pinned in tests/sharded/test_sharded_checkpoint_safety.py).
 
-    Upstream gap (torch_xla 2.9, pinned in tests/test_sharded_checkpoint_checks.py,
+    Upstream gap (torch_xla 2.9, pinned in tests/sharded/test_sharded_checkpoint_checks.py,
     ``..._silently_upstream_gap``): the planner never compares a sharded
     tensor's size or dtype with the checkpoint's -- it reads whatever
     chunks overlap the local shards, so a wider checkpoint fills a narrower
@@ -153,7 +153,7 @@ def save(path: str | os.PathLike, *, model, optimizer=None, scaler=None) -> None
     # is chosen whenever a PrivateUse1 backend says it is available, and then
     # calls its device module's current_stream(): torchax names PrivateUse1
     # "jax" on import and has none, so every save failed in a process that
-    # had imported torchax (tests/test_torchax_coexist.py pins it)
+    # had imported torchax (tests/torchax/test_torchax_coexist.py pins it)
     dcp.save(state, storage_writer=dcp.FileSystemWriter(path, per_thread_copy_ahead=0),
              planner=_save_planner(), **_distributed())
 

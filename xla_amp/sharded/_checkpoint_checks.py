@@ -6,7 +6,7 @@ chunks of each local shard that the checkpoint covers and copies them, so
 a checkpoint of a wider layer fills a narrower one with its leading rows,
 one of a narrower layer leaves a wider one as it was, and a bf16
 checkpoint is converted into fp32 parameters -- all without an error
-(pinned: tests/test_sharded_checkpoint_checks.py; plain DCP refuses the
+(pinned: tests/sharded/test_sharded_checkpoint_checks.py; plain DCP refuses the
 size mismatch of an unsharded tensor). So, with the state flattened
 exactly as the planner flattens it (torch_xla's ``flatten_state_dict``:
 ``model.<name>``, ``optimizer.state.<i>.<key>``, ``optimizer.param_groups``,

@@ -3,7 +3,7 @@
 A ``torch.distributed.checkpoint`` directory holds a pickled ``.metadata``
 and data files. In torch 2.9, ``FileSystemReader.read_metadata`` unpickles
 ``.metadata`` with plain ``pickle.load``: a crafted file runs whatever its
-pickle calls (pinned: tests/test_sharded_checkpoint_safety.py). Tensors
+pickle calls (pinned: tests/sharded/test_sharded_checkpoint_safety.py). Tensors
 are read with ``torch.load(weights_only=True)``; non-tensor entries (the
 optimizer's param groups, the scaler's state) reach the planner's
 ``load_bytes``, which in torch_xla 2.9's ``SPMDLoadPlanner`` calls

@@ -8,7 +8,7 @@ dozen multi-tensor ops plus a ``torch.where`` per written tensor that the
 portable path needs, and the graph it leaves is smaller to hash and look up
 at every ``torch_xla.sync()``.
 
-Semantics, measured on this torch_xla (``tests/test_syncfree.py`` keeps
+Semantics, measured on this torch_xla (``tests/syncfree/test_syncfree.py`` keeps
 them honest)::
 
     fused_step(found_inf, step, param, ...):
@@ -32,7 +32,7 @@ except that PyTorch/XLA inlines exactly 0.0 and 1.0 as constants (its
 "special scalars"), and a schedule reaching one (CosineAnnealingLR ends at
 0.0) would compile another graph. The lr is therefore passed as the nearest
 non-special double (5e-324, 1 + 2**-52): both round to the same float32 on
-the device, and the updates are bit-identical (tests/test_syncfree.py).
+the device, and the updates are bit-identical (tests/syncfree/test_syncfree.py).
 """
 from __future__ import annotations
 

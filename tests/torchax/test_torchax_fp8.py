@@ -1,0 +1,107 @@
+"""xla_amp.fp8 on the torchax backend: the same layers (fp8/_linear.py's
+functions under a jax.custom_vjp) in a jitted make_train_step: every
+matmul of a transformer block's step -- forward, input and weight gradient
+-- in the form XLA:GPU fuses into fp8 GEMMs (the matcher of the torch_xla
+test, on JAX's HLO), gradients in e5m2; the loss equals the torch_xla fp8
+run's, with dynamic and with delayed scaling (the history rolled by the
+jitted step: amax(g) comes back as a probe's gradient); a skipped step
+leaves the history; a hand-written step without probes refuses delayed
+scaling by name."""
+from __future__ import annotations
+
+import optax
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import tests.support.torchax as helpers_torchax  # noqa: F401  (JAX on CPU)
+from tests.support.fp8 import Block, dots, in_form
+
+import xla_amp
+import xla_amp.torchax as xt
+from xla_amp import fp8
+
+pytestmark = pytest.mark.torchax
+
+
+def _block(scaling="dynamic"):
+    torch.manual_seed(0)
+    return (fp8.convert(Block(), fp8.Fp8Recipe(scaling=scaling)), torch.randn(2, 16, 32),
+            torch.randn(2, 16, 32))
+
+
+@pytest.mark.parametrize("policy,scaling", [("tpu", "dynamic"), ("cuda", "dynamic"),
+                                            ("tpu", "delayed")])
+def test_every_matmul_of_a_jitted_step_is_in_the_fp8_gemm_form(policy, scaling):
+    model, x, y = _block(scaling)
+    hlo = xt.make_train_step(model, F.mse_loss, optax.sgd(0.1), policy=policy).lower(
+        x, y).as_text(dialect="hlo")
+    found = [d for d in dots(hlo) if in_form(d)]
+    assert len(found) == 12, dots(hlo)
+    assert sum(d[1][0] == "f8e5m2" for d in found) == 8
+
+
+@pytest.mark.parametrize("scaling", ["dynamic", "delayed"])
+def test_losses_equal_the_torch_xla_fp8_run(device, scaling):
+    recipe = fp8.Fp8Recipe(scaling=scaling, amax_history_len=3)
+
+    def mlp():
+        torch.manual_seed(0)
+        return fp8.convert(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16)),
+                           recipe)
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(8, 32, generator=g), torch.randn(8, 16, generator=g))
+               for _ in range(4)]
+    step = xt.make_train_step(mlp(), F.mse_loss, optax.sgd(0.1), policy="tpu")
+    got = [float(step(x, y)) for x, y in batches]
+    model = mlp().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    fp8.attach(opt, model)
+    want = []
+    for x, y in batches:
+        opt.zero_grad()
+        with xla_amp.autocast(device, policy="tpu"):
+            loss = F.mse_loss(model(x.to(device)), y.to(device))
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+    assert got == pytest.approx(want, rel=1e-5)
+    assert got[-1] < got[0]
+    if scaling == "delayed":  # the same histories and scales after 4 rolls
+        for name in ("0.fp8_amax_history", "2.fp8_scale"):
+            import numpy as np
+            np.testing.assert_allclose(np.asarray(step.state[1][name]),
+                                       model.state_dict()[name].cpu().numpy(), rtol=1e-5)
+
+
+def test_a_skipped_step_leaves_the_history():
+    import numpy as np
+    torch.manual_seed(0)
+    model = fp8.convert(nn.Sequential(nn.Linear(32, 64)), fp8.Fp8Recipe(scaling="delayed"))
+
+    def loss_fn(out, y):
+        return F.mse_loss(out.float(), y[:, :64]) * y[0, 64]  # y[0, 64]: inf poisons
+
+    step = xt.make_train_step(model, loss_fn, optax.sgd(0.1), policy="tpu",
+                              scaler=xt.LossScaler(init_scale=4.0))
+    x, y = torch.randn(8, 32), torch.ones(8, 65)
+    step(x, y)
+    hist = np.asarray(step.state[1]["0.fp8_amax_history"]).copy()
+    assert (hist[:, 0] > 0).all() and (hist[:, 1:] == 0).all()
+    y[0, 64] = float("inf")
+    step(x, y)
+    assert bool(step.metrics["found_inf"])
+    assert np.array_equal(np.asarray(step.state[1]["0.fp8_amax_history"]), hist)
+    assert not np.asarray(step.state[1]["0.fp8_amax_pending"]).any()
+
+
+def test_delayed_scaling_without_probes_is_refused():
+    """A hand-written jitted step cannot carry the history: refused by name."""
+    from tests.support.torchax import ENV
+    torch.manual_seed(0)
+    model = fp8.convert(nn.Sequential(nn.Linear(32, 64)), fp8.Fp8Recipe(scaling="delayed"))
+    with ENV:
+        model = model.to("jax")
+        with pytest.raises(ValueError, match="delayed scaling needs a step that carries"):
+            model(torch.randn(8, 32, device="jax"))

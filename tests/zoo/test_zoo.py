@@ -1,0 +1,133 @@
+"""Real models train under every policy (benchmarks/zoo.py --check, one
+subprocess per model): no error, finite losses within 1 % of the fp32 run's,
+1 graph execution and 0 device-to-host transfers per step.
+
+`make zoo` runs the sweep (CI runs it; tests/zoo/ is that target), and
+`make zoo-large` DenseNet-121 (too slow to compile for CI): torchvision's ResNet-18/50, MobileNetV3-Small, EfficientNet-B0,
+ConvNeXt-Tiny, DenseNet-121, RegNetY-400MF, ShuffleNetV2-x0.5, ViT-B/16 and a
+transformer encoder layer, each under tpu, cuda and cpu (bfloat16).
+Hugging Face Transformers and timm models, lazy and compiled, are in
+tests/zoo/test_zoo_hf.py (`make zoo`), with these checks.
+
+The first step's loss is compared with fp32's within 1 %, or within 3x the deviation
+PyTorch's own eager bf16 autocast shows on the same model and batch where
+that is larger (see `tolerance`; docs/policies.md has the figures).
+
+The subprocesses compile with XLA's backend optimisation off and XLA:CPU's
+elemental emitters (tests/support/launch.py, FAST_COMPILE): the graphs and
+their numerics policy are the same, compilation takes a fraction of the
+time (DenseNet-121's step takes minutes to compile otherwise on 2 cores).
+"""
+import functools
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.launch import ROOT  # noqa: E402
+from tests.support.launch import FAST_COMPILE  # noqa: E402
+BF16 = ["tpu", "cuda", "cpu"]
+FULL = ["resnet18", "resnet50", "mobilenet_v3_small", "efficientnet_b0", "convnext_tiny",
+        "densenet121", "regnet_y_400mf", "shufflenet_v2_x0_5", "vit_b_16", "transformer_layer"]
+LARGE = ["densenet121"]
+
+
+def sweep(model, variants, *extra, timeout=1500):
+    env = dict(os.environ, PJRT_DEVICE="CPU", XLA_FLAGS=FAST_COMPILE)
+    env.pop("CPU_NUM_DEVICES", None)
+    env.pop("XLA_USE_BF16", None)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "zoo.py"), "--check",
+         "--models", model, "--policies", ",".join(variants), *extra],
+        capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["variant"]: r for r in map(json.loads, proc.stdout.splitlines())}
+    assert list(rows) == ["eager_cpu_bf16", *variants], proc.stdout
+    return rows
+
+
+def tolerance(rows):
+    """1 %, or 3x what PyTorch's own bf16 CPU autocast moves this model's
+    loss by on the same weights and batch, if that is more. At random init
+    deep nets amplify bf16 rounding (BatchNorm over small-variance channels):
+    eager PyTorch moves ResNet-50's loss by 7 % and EfficientNet-B0's by 16 %
+    on these inputs, and rule sets that cast other ops (the tpu lists) move
+    it by up to 3x that. No faithful bf16 policy can stay within 1 % there;
+    a broken cast (NaN, a wrong dtype's garbage) still fails."""
+    return max(0.01, 3.0 * rows["eager_cpu_bf16"]["deviation"])
+
+
+def assert_trains_like_fp32(rows, variants, steps=1):
+    """The variants' first `steps` losses against fp32's, and their graph
+    executions and transfers per step. A ``+compiled`` variant's forward
+    runs as graphs of its own (4 executions a step, more where Dynamo breaks
+    the graph: docs/compiled.md); only its transfers are counted."""
+    fp32 = rows["fp32"]
+    tol = tolerance(rows)
+    for v in ["fp32", *variants]:
+        row = rows[v]
+        assert "error" not in row, f"{row['model']} under {v}: {row['error']}"
+        if not v.endswith("+compiled"):
+            assert row["executions_per_step"] == 1.0, row
+        assert row["transfers_per_step"] == 0.0, row
+        assert all(math.isfinite(x) for x in row["losses"]), row
+        # the first step's loss: same weights, same batch, so it measures the
+        # policy's forward numerics. Later losses follow different updates and
+        # part ways chaotically in deep nets at random init (EfficientNet-B0's
+        # second-step loss went up in fp32 and down by half under the cpu
+        # rules); tests/zoo/test_zoo_hf.py compares more steps where they do not.
+        for got, want in zip(row["losses"][:steps], fp32["losses"][:steps]):
+            assert abs(got - want) <= tol * abs(want), (
+                f"{row['model']} under {v}: losses {row['losses']} vs fp32 {fp32['losses']} "
+                f"(tolerance {tol:.3f})")
+
+
+def _check(model, timeout=1500, one_process_each=False):
+    if not one_process_each:
+        rows = sweep(model, ["fp32", *BF16], timeout=timeout)
+    else:  # same seed, so the same weights and batch in every process
+        rows = {}
+        for variant in ["fp32", *BF16]:
+            rows.update(sweep(model, [variant], timeout=timeout))
+    assert_trains_like_fp32(rows, BF16)
+
+
+@functools.lru_cache(maxsize=None)
+def _resnet18_rows():
+    """ResNet-18 under every bf16 policy and the cuda rules' default float16,
+    from one process: the two tests below share its fp32 run and its
+    compilations. A small initial scale, so that fp16's two steps do not
+    both overflow (the bf16 variants' first-step losses, which the check
+    compares, do not depend on the scale)."""
+    return sweep("resnet18", ["fp32", *BF16, "cuda:float16"], "--init_scale", "256")
+
+
+@pytest.mark.parametrize("model", [m for m in FULL if m not in LARGE])
+def test_model_trains_under_every_policy(model):
+    if model == "resnet18":
+        assert_trains_like_fp32(_resnet18_rows(), BF16)
+    else:
+        _check(model)
+
+
+@pytest.mark.zoo_large
+@pytest.mark.parametrize("model", LARGE)
+def test_zoo_large_graph_model_trains_under_every_policy(model):
+    """`make zoo-large`, alone: DenseNet-121's step graph takes about 8
+    minutes per variant to compile on 2 cores (32 for the four), too long for
+    CI next to the rest; compiled next to another model's it ran the 24 GiB
+    machine out of memory (the process was killed). The four variants in one
+    process grew past 23 GB and were killed too (session 6): one process
+    per variant."""
+    _check(model, timeout=1800, one_process_each=True)
+
+
+def test_resnet18_cuda_rules_default_float16():
+    """XLA:GPU's default: the cuda rules in float16, with GradScaler (a
+    small initial scale so that the two steps do not both overflow)."""
+    rows = _resnet18_rows()
+    assert_trains_like_fp32(rows, ["cuda:float16"])
+    assert rows["cuda:float16"]["scale"] == 256.0  # neither step overflowed
