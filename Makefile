@@ -1,27 +1,37 @@
-# Two commands do all set-up: `make demo` and `make test` build .venv when it
-# is missing (about 2 minutes) and reuse it otherwise.
-PY      := .venv/bin/python
-PIP     := .venv/bin/pip
-STAMP   := .venv/.requirements-installed
-EXT     := $(wildcard xla_amp/_C*.so)
-SOURCES := $(wildcard csrc/*.cpp csrc/*/*.cpp csrc/*/*.h) setup.py pyproject.toml xla_amp/_version_check.py
+# Two commands do all set-up: `make demo` builds .venv with what the demo and
+# the package need (requirements.txt) and `make test` adds the suite's extras
+# (requirements-dev.txt: the frameworks, JAX/torchax, the zoo's model
+# libraries, pytest); both reuse what is there (docs/benchmarks.md has the
+# measured set-up times).
+PY        := .venv/bin/python
+PIP       := .venv/bin/pip
+STAMP     := .venv/.requirements-installed
+DEV_STAMP := .venv/.requirements-dev-installed
+EXT       := $(wildcard xla_amp/_C*.so)
+SOURCES   := $(wildcard csrc/*.cpp csrc/*/*.cpp csrc/*/*.h) setup.py pyproject.toml xla_amp/_version_check.py
 MAX_JOBS ?= 2
 export PJRT_DEVICE ?= CPU
+PIP_QUIET  = 2>&1 | grep -v "^WARNING: Location" || true
 
-.PHONY: all venv build bazel wheel test integrations sharded faults torchax fp8 zoo zoo-large demo bench docs clean
+.PHONY: all venv dev build bazel wheel test integrations sharded faults torchax fp8 launchers zoo zoo-large demo bench docs clean
 
 all: test
 
 $(STAMP): requirements.txt
 	test -x $(PY) || python3 -m venv .venv
-	$(PIP) install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-	$(PIP) install -q -r requirements.txt 2>&1 | grep -v "^WARNING: Location" || true
-	$(PIP) install -q --no-deps --force-reinstall torchax==0.0.13 2>&1 | grep -v "^WARNING: Location" || true
+	$(PIP) install -q --upgrade pip $(PIP_QUIET)
+	$(PIP) install -q -r requirements.txt $(PIP_QUIET)
 	$(PY) -c "import torch, torch_xla"  # fail here, not in the tests
-	$(PY) -c "import torchax; assert torchax.__version__ == '0.0.13', torchax.__version__"
 	touch $(STAMP)
 
+$(DEV_STAMP): $(STAMP) requirements-dev.txt
+	$(PIP) install -q -r requirements-dev.txt $(PIP_QUIET)
+	$(PIP) install -q --no-deps --force-reinstall torchax==0.0.13 $(PIP_QUIET)
+	$(PY) -c "import torchax; assert torchax.__version__ == '0.0.13', torchax.__version__"
+	touch $(DEV_STAMP)
+
 venv: $(STAMP)
+dev: $(DEV_STAMP)
 
 # Put library $(1) and its build record $(2) where the package loads them;
 # rename, not overwrite: running processes keep the old file mapped.
@@ -55,7 +65,7 @@ BAZEL       := bazel --max_idle_secs=300
 BAZEL_FLAGS := -c opt --repo_env=XLA_AMP_PYTHON=$(CURDIR)/$(PY) --symlink_prefix=build/bazel- \
                --experimental_no_product_name_out_symlink --jobs=$(MAX_JOBS)
 SUDO        := $(if $(filter 0,$(shell id -u)),,sudo)
-bazel: $(STAMP)
+bazel: $(STAMP) dev
 	@command -v bazel >/dev/null && test -d /usr/share/bazel/rules/java || \
 	  $(SUDO) apt-get install -y -q bazel-bootstrap bazel-rules-java || \
 	  ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q bazel-bootstrap bazel-rules-java)
@@ -66,68 +76,79 @@ bazel: $(STAMP)
 	@rm -f xla_amp/.built
 	$(call install_lib,build/bazel-bin/_C.so,build/bazel-bin/_build_info.py)
 	$(PY) -c "import xla_amp, xla_amp._build_info as b; assert b.BUILDER == 'bazel', b.BUILDER"
-	$(PY) -m pytest -q tests/engine/test_engine.py
+	$(PYTEST) tests/engine/test_engine.py
 
 # A wheel for an existing torch_xla environment (dist/; Requires-Dist pins
 # the torch / torch_xla release series it was built against).
 wheel: $(STAMP)
 	MAX_JOBS=$(MAX_JOBS) $(PIP) wheel --no-build-isolation --no-deps -w dist .
 
-# Two xdist workers; two groups of subprocess-heavy tests, each on one
-# worker at a time (tests/conftest.py). --durations prints the slowest tests.
+# The suite: tests/<folder>/ mirrors xla_amp/'s subpackages; each target
+# below `make test` is a marker (tests/conftest.py marks the folders that are
+# wholly one target: tests/zoo, tests/torchax). Budgets are wall-clock on the
+# slower 2-core host seen (no AVX-512); .ci/run prints each target's time
+# beside its budget. --durations prints the slowest tests.
 TEST_WORKERS ?= 2
-test: build
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 tests
+PYTEST   := $(PY) -m pytest -q
+XDIST    := -n $(TEST_WORKERS) --dist loadgroup
+
+# Everything not marked for a target below, on two xdist workers; the groups
+# of subprocess-heavy tests each on one worker at a time (tests/conftest.py).
+# No test over 30 s. Budget 8 min on the faster host, 10 on the slower.
+test: build dev
+	$(PYTEST) $(XDIST) --durations=25 tests
 
 # xla_amp inside Lightning (Trainer, Fabric), Accelerate and the Transformers
-# Trainer: the frameworks' own loops on XLA:CPU (tests marked `integrations`,
-# kept out of `make test`, which is at its 10-minute budget). ~1 minute.
-integrations: build
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m integrations --durations=10 tests
+# Trainer: the frameworks' own loops on XLA:CPU (tests/integrations).
+integrations: build dev
+	$(PYTEST) $(XDIST) -m integrations --durations=10 tests
 
-# Sharded mixed precision (xla_amp.sharded): FSDPv2 runs of a GPT-2 and a
-# ResNet on 2 and 4 virtual XLA:CPU devices (1-D and 2-D meshes), each in
-# its own process against the one-device run, and sharded checkpoints
-# restored in a fresh process (tests marked `sharded`).
-sharded: build
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m sharded --durations=10 tests
+# Sharded mixed precision (xla_amp.sharded, tests/sharded): FSDPv2 runs of a
+# GPT-2 and a ResNet on 2 and 4 virtual XLA:CPU devices (1-D and 2-D meshes),
+# each in its own process against the one-device run, and sharded
+# checkpoints restored in a fresh process.
+sharded: build dev
+	$(PYTEST) $(XDIST) -m sharded --durations=10 tests
 
-# Checkpoints under real faults (tests marked `faults`): launchers killed with
-# SIGKILL (once frozen inside a write) and SIGTERM at seeded moments, a full
-# and a read-only tmpfs in a private mount namespace (RLIMIT_FSIZE where
-# there is none), two runs on one path, crafted pickles, and every cell of
-# the precision matrix on resume. One worker: the process tests time their
-# signals against a run that needs the cores. ~6 minutes (48 tests).
-faults: build
-	$(PY) -m pytest -q -m faults --durations=10 tests
+# Checkpoints under real faults (tests/checkpoint, marker `faults`): launchers
+# killed with SIGKILL (once frozen inside a write) and SIGTERM at seeded
+# moments, a full and a read-only tmpfs in a private mount namespace
+# (RLIMIT_FSIZE where there is none), two runs on one path, crafted pickles,
+# and every cell of the precision matrix on resume. One worker: the process
+# tests time their signals against a run that needs the cores.
+faults: build dev
+	$(PYTEST) -m faults --durations=10 tests
 
-# xla_amp on torchax (PyTorch on JAX, tests marked `torchax`): policy parity
-# with the torch_xla engine over the op tables, HLO dtypes, jitted training of
-# a GPT-2-shaped LM and a ResNet-18, loss-scaling skips on 1 and 4 devices,
-# two processes on one JAX mesh (jax.distributed, gloo), resume, bad input.
-torchax: build
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m torchax --durations=10 tests
+# xla_amp on torchax (PyTorch on JAX, tests/torchax): policy parity with the
+# torch_xla engine over the op tables, HLO dtypes, jitted training of a
+# GPT-2-shaped LM and a ResNet-18, loss-scaling skips on 1 and 4 devices, two
+# processes on one JAX mesh (jax.distributed, gloo), resume, bad input.
+torchax: build dev
+	$(PYTEST) $(XDIST) -m torchax --durations=10 tests
 
-# xla_amp.fp8 on whole models (tests marked `fp8`): a GPT-2-shaped LM trained
-# 200 steps in fp8 against bf16 AMP (make test holds the layer, HLO-form,
-# numerics and digits-MLP tests).
-fp8: build
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m fp8 --durations=10 tests
+# xla_amp.fp8 on whole models (tests/fp8, marker `fp8`): a GPT-2-shaped LM
+# trained 200 steps in fp8 against bf16 AMP (make test holds the layer,
+# HLO-form, numerics and digits-MLP tests).
+fp8: build dev
+	$(PYTEST) $(XDIST) -m fp8 --durations=10 tests
 
-# The model-zoo sweep: the torchvision models of tests/zoo/test_zoo.py under every
-# policy (make test runs a subset), one model at a time: RegNet-Y alone grows
-# past 8 GB while it compiles, and two large models side by side were killed
-# for memory on 24 GB. Six models, ~6 minutes on 2 cores (session 7).
-# tests/zoo/test_zoo_hf.py: Transformers (GPT-2, Llama, Mistral, BERT, T5) and
-# timm (ViT, EfficientNet-B0, ConvNeXt, ResNet-D) models, lazy and compiled:
-# 9 models, 5.5-8 minutes on 2 cores (peak 3.5 GB, EfficientNet-B0).
-# --durations shows each.
-zoo: build
-	$(PY) -m pytest -q -m zoo tests/zoo/test_zoo.py tests/zoo/test_zoo_hf.py --durations=0
+# The launchers' longest end-to-end runs (tests/launchers, marker
+# `launchers`): a resumed run equals an uninterrupted one, float16 under the
+# cuda rules, --fp8 (make test runs the rest of tests/launchers).
+launchers: build dev
+	$(PYTEST) $(XDIST) -m launchers --durations=10 tests
+
+# Whole models (tests/zoo): torchvision's under every policy, Transformers
+# (GPT-2, Llama, Mistral, BERT, T5) and timm (ViT, EfficientNet-B0, ConvNeXt,
+# ResNet-D) lazy and compiled, and real models compiled against lazy bit for
+# bit. One test file per worker (loadscope): a model's variants share one
+# process's compilations and its fp32 run.
+zoo: build dev
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadscope -m zoo --durations=0 tests/zoo
 
 # DenseNet-121 alone, one process per variant: 25 minutes on 2 cores, peak ~10 GB
 # (the four variants in one process grew past 23 GB; not in CI).
-zoo-large: build
+zoo-large: build dev
 	$(PY) -m pytest -q -m zoo_large tests/zoo/test_zoo.py
 
 # The main job: AMP training on real handwritten digits (sklearn's, shipped in
@@ -135,7 +156,7 @@ zoo-large: build
 demo: build
 	$(PY) scripts/train_mnist_amp.py --target_accuracy 97
 
-bench: build
+bench: build dev
 	$(PY) benchmarks/trace_cost.py
 	$(PY) benchmarks/syncfree_step.py
 	$(PY) benchmarks/compiled_step.py

@@ -18,6 +18,7 @@ from xla_amp_launch import data, image_folder  # noqa: E402
 from xla_amp_launch import digits as mnist_data  # noqa: E402
 
 
+@pytest.mark.launchers  # over 30 s: make launchers
 def test_mnist_resume_equals_uninterrupted_run(tmp_path):
     """31 steps + checkpoint (mid epoch 1), then resume to 50 (into epoch 2)
     == 50 steps straight: model, optimizer, scaler and data position equal."""
@@ -178,7 +179,8 @@ def assert_metrics_report(proc):
     assert "Metric: CompileTime" in report and "Metric: ExecuteTime" in report, proc.stdout
 
 
-@pytest.mark.parametrize("policy", ["tpu", "cuda"])  # the default (cpu) runs above
+@pytest.mark.parametrize("policy", [
+    "tpu", pytest.param("cuda", marks=pytest.mark.launchers)])  # cuda (float16): make launchers
 def test_mnist_trains_under_every_policy(policy):
     """cuda: with its default float16 (slow on XLA:CPU: a few steps only).
     tpu: with bf16 weights and an fp32 master copy (--precision bf16_master)
@@ -379,6 +381,7 @@ def test_epoch_order_and_augmentation_depend_on_seed_and_epoch_only():
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
 
 
+@pytest.mark.launchers  # over 30 s: make launchers
 def test_mnist_fp8_flag_and_resume_check(tmp_path):
     """--fp8: fc1 in fp8 (delayed scaling), the 10-way head kept; one graph
     execution a step; it learns; a checkpoint written with --fp8 is refused,

@@ -56,7 +56,7 @@ def test_units_keep_each_file_on_one_worker_and_groups_go_first(tmp_path):
 
 
 def test_groups():
-    assert conftest.subprocess_group("test_zoo.py", "test_x[resnet18]") == "large-graphs"
+    assert conftest.subprocess_group("test_gpu_spmd_mode.py", "test_x") == "large-graphs"
     assert conftest.subprocess_group("test_launchers.py",
                                      "test_imagenet_compile_flag") == "large-graphs"
     assert conftest.subprocess_group("test_launchers.py", "test_mnist_compile_flag") == \
