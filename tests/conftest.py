@@ -20,6 +20,17 @@ JAX_CACHE = os.path.join(ROOT, "build", "compile-cache", "jax")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", JAX_CACHE)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
+# Results several tests read, made once per run (tests/support/runs.py): the
+# controller (or a run without xdist) makes the folder; workers inherit it.
+if "PYTEST_XDIST_WORKER" not in os.environ and "XLA_AMP_TEST_RUN_DIR" not in os.environ:
+    import tempfile
+    os.makedirs(os.path.join(ROOT, "build", "test-runs"), exist_ok=True)
+    os.environ["XLA_AMP_TEST_RUN_DIR"] = tempfile.mkdtemp(
+        prefix="run-", dir=os.path.join(ROOT, "build", "test-runs"))
+    _OWN_RUN_DIR = os.environ["XLA_AMP_TEST_RUN_DIR"]
+else:
+    _OWN_RUN_DIR = None
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch_xla  # noqa: E402
@@ -59,9 +70,16 @@ def pytest_ignore_collect(collection_path, config):
 def pytest_collection_modifyitems(config, items):
     for item in items:
         target = FOLDER_TARGETS.get(folder_of(item.path))
-        if target and item.get_closest_marker(target) is None:
+        # a test that names its own target keeps it (zoo_large: make zoo-large)
+        if target and not any(item.get_closest_marker(m) for m in TARGET_FOLDERS):
             item.add_marker(getattr(pytest.mark, target))
     # (pluggy calls this conftest's hook before pytest's own -m selection)
+
+
+def pytest_unconfigure(config):
+    if _OWN_RUN_DIR:
+        import shutil
+        shutil.rmtree(_OWN_RUN_DIR, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

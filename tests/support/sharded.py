@@ -1,6 +1,6 @@
-"""Runs of benchmarks/sharded.py --check for tests/test_sharded_*.py: each in
-its own process (one XLA runtime per process; CPU_NUM_DEVICES virtual
-XLA:CPU devices for a mesh), cached per test module, and the checks every
+"""Runs of benchmarks/sharded.py --check for tests/sharded/: each in its own
+process (one XLA runtime per process; CPU_NUM_DEVICES virtual XLA:CPU
+devices for a mesh), made once per test run (tests/support/runs.py), and the checks every
 sharded run must pass."""
 from __future__ import annotations
 
@@ -12,13 +12,22 @@ import sys
 
 
 from tests.support.launch import FAST_COMPILE, ROOT
+from tests.support.runs import once_per_run
 STEPS = 20
 INJECT = 6  # the step that puts an inf into one gradient shard
 
 
 @functools.lru_cache(maxsize=None)
 def run(model: str, mesh: str, devices: int, mode: str, *extra: str) -> dict:
-    """One --check run's JSON (`extra`: more flags, e.g. --save-at 10)."""
+    """One --check run's JSON (`extra`: more flags, e.g. --save-at 10), made
+    once per test run: tests/sharded/test_sharded_lm.py and
+    test_sharded_fp8.py, on either worker, read the same one-device
+    references and the same fp8 run."""
+    return once_per_run(("sharded", model, mesh, devices, mode, *extra),
+                        lambda: _check_run(model, mesh, devices, mode, *extra))
+
+
+def _check_run(model, mesh, devices, mode, *extra) -> dict:
     env = dict(os.environ, PJRT_DEVICE="CPU", XLA_FLAGS=FAST_COMPILE)
     for var in ("CPU_NUM_DEVICES", "XLA_USE_BF16", "XLA_USE_SPMD"):
         env.pop(var, None)
