@@ -12,7 +12,7 @@ state, counted from each tensor's shard (its XLA sharding), and the step
 time against fp32's, over interleaved rounds after a warm-up that compiles
 every mode's graphs. N = 1 is the same model on one device without SPMD.
 
-``--check`` (what tests/test_sharded.py runs): one run, one JSON line:
+``--check`` (what tests/sharded/ runs, through tests/support/sharded.py): one run, one JSON line:
 its losses, executions / transfers / compilations per step (steps 3 on,
 the injected step left out), each state tensor whose sharding is not its
 parameter's, the injected overflow's effect (``--inject K``: step K puts

@@ -1,4 +1,4 @@
-"""The sharded training run of benchmarks/sharded.py and tests/test_sharded.py:
+"""The sharded training run of benchmarks/sharded.py and tests/sharded/:
 a model, a mesh, a ``ShardedPrecision`` and one sync-free step.
 
 Models (small, random init, dropout off):

@@ -1,6 +1,6 @@
 """Conformance of the cuda, cpu, xpu and hpu policies (eager): every op a
 policy names computes what a hand cast computes, and what PyTorch's own
-autocast gives. Cases: helpers_conformance_cases; machinery: helpers_conformance.
+autocast gives. Cases: tests.support.conformance_cases; machinery: tests.support.conformance.
 """
 from __future__ import annotations
 

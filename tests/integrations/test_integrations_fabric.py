@@ -1,6 +1,6 @@
 """xla_amp.integrations.fabric.XLAAMPPrecision in a real lightning.Fabric on
 XLA:CPU (SingleDeviceXLAStrategy). Only Lightning's TPU availability probe
-is patched (helpers_integrations.tpu_probe)."""
+is patched (tests.support.integrations.tpu_probe)."""
 import pytest
 import torch
 import torch.nn.functional as F

@@ -1,6 +1,6 @@
 """xla_amp.integrations.lightning.XLAAMPPrecision in a real lightning.Trainer
 on XLA:CPU (Lightning 2.6, SingleDeviceXLAStrategy). Only Lightning's TPU
-availability probe is patched (helpers_integrations.tpu_probe); the rest is
+availability probe is patched (tests.support.integrations.tpu_probe); the rest is
 Lightning's own code path for accelerator="tpu"."""
 import pytest
 import torch

@@ -1,7 +1,7 @@
 """xla_amp.fp8 under FSDPv2 (xla_amp.sharded): the GPT-2 LM with its Conv1D
 layers in fp8 (delayed scaling; the 1000-way head kept, 1000 % 16 != 0) and
 bf16 autocast on 2 devices (1-D mesh) and 4 (2-D), against the same fp8 run
-on one device (helpers_sharded.assert_sharded_run: the loss within
+on one device (tests.support.sharded.assert_sharded_run: the loss within
 tolerance at every step, an overflow on one gradient shard skipped
 everywhere bit-identically, 1 execution and 0 transfers per step, state
 sharded as its parameter). The amax of a sharded operand is the whole

@@ -2,7 +2,7 @@
 xla_amp.sharded on 2 and 4 virtual XLA:CPU devices, 1-D (fsdp) and 2-D
 (data x fsdp) meshes: bf16 parameters with an fp32 master shard, with
 stochastic rounding, and AMP on fp32 parameters, each against the same run
-on one device (helpers_sharded.assert_sharded_run: 20 steps within 1 %
+on one device (tests.support.sharded.assert_sharded_run: 20 steps within 1 %
 -- or twice what bf16 itself moves the one-device loss from fp32 --,
 an overflow on one shard skipped everywhere bit-identically, 1 execution
 and 0 transfers per step, state sharded as its parameter); a sharded

@@ -1,7 +1,7 @@
 """The conformance tests' machinery: which (policy, entry, category, case)
 triples exist, how a case's inputs are built and hand-cast, and how results
 are compared. Shared by tests/autocast/test_conformance.py (eager) and
-tests/compiled/test_compiled_ops.py (torch.compile). Cases: helpers_conformance_cases.
+tests/compiled/test_compiled_ops.py (torch.compile). Cases: tests.support.conformance_cases.
 """
 from __future__ import annotations
 

@@ -372,7 +372,7 @@ CASES.update({
                             lambda x, g: F.grid_sample(x, g, align_corners=False)),
     "py::nll_loss": Case(lambda: [torch.log_softmax(_r(3, 5), 1)], F.nll_loss,
                          extra=lambda: [_idx(0, 4, 2)]),
-    # the aten op itself (helpers_op_cases' nll_loss goes through F.nll_loss)
+    # the aten op itself (tests.support.op_cases' nll_loss goes through F.nll_loss)
     "aten::nll_loss": Case(lambda: [torch.log_softmax(_r(3, 5), 1)],
                            lambda x, t: aten.nll_loss(x, t), extra=lambda: [_idx(0, 4, 2)]),
     "aten::nll_loss2d": Case(lambda: [torch.log_softmax(_r(2, 3, 2, 2), 1)],

@@ -15,7 +15,7 @@ IN_CREATE, IN_MOVED_TO, IN_CLOSE_WRITE = 0x100, 0x80, 0x8
 
 
 class Running:
-    """A started launcher (helpers_launch.start) whose stdout and stderr are
+    """A started launcher (tests.support.launch.start) whose stdout and stderr are
     collected by threads, so the test can wait for a line while it runs."""
 
     def __init__(self, popen: subprocess.Popen):

@@ -2,7 +2,7 @@
 the generated op tables, under the tpu, cuda and cpu policies, the output
 dtypes under ``xla_amp.torchax.autocast`` equal those under
 ``xla_amp.autocast`` on XLA:CPU for the same inputs (integers as JAX types
-them). What torchax itself cannot run is pinned in helpers_torchax."""
+them). What torchax itself cannot run is pinned in tests.support.torchax."""
 from __future__ import annotations
 
 import pytest

@@ -52,7 +52,7 @@ def test_compiled_model_matches_lazy(model, policy):
 @pytest.mark.parametrize("model,policy", [("resnet18", "cuda")])  # a transformer: in-process
 def test_compiled_model_with_module_policies_matches_lazy(model, policy):
     """Module policies (norms and the classifier in fp32, attention under
-    the cuda rules; helpers_compiled_models.RULES) compiled: bit-equal to
+    the cuda rules; tests/zoo/_compiled_models_run.RULES) compiled: bit-equal to
     the lazy run, as without rules."""
     env = dict(os.environ, PJRT_DEVICE="CPU", XLA_FLAGS=XLA_FLAGS[model], PYTHONPATH=BENCHMARKS)
     env.pop("CPU_NUM_DEVICES", None)

@@ -11,7 +11,7 @@ method on one environment instance is the narrowest interception there is.
 What else is private and used here: ``Environment._get_op_or_decomp`` (does
 torchax lower an op?), ``torchax.tensor.OperatorNotFound`` (it does not)
 and ``torchax.view.View`` (a lazy view, materialised before a cast).
-tests/test_torchax_hook.py pins each of these against the installed torchax.
+tests/torchax/test_torchax_hlo.py::test_hook_pins_torchax_internals pins each of these against the installed torchax.
 Upstream note (docs/torchax.md): a public per-environment dispatch hook would
 make this file unnecessary.
 """
