@@ -18,13 +18,18 @@ import sys
 from tests.support.launch import ROOT  # noqa: E402
 
 
-def run(mode):
+def start(mode) -> subprocess.Popen:
     env = dict(os.environ, PJRT_DEVICE="CPU")
     env.pop("CPU_NUM_DEVICES", None)
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "gpu", "_spmd_one_device.py"),
-                           mode], capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.splitlines()[-1])
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "gpu",
+                                                          "_spmd_one_device.py"), mode],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def result(proc: subprocess.Popen) -> dict:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.splitlines()[-1])
 
 
 def check_spmd_run(out, dtype):
@@ -42,8 +47,10 @@ def check_spmd_run(out, dtype):
 
 def test_spmd_mode_matches_plain_mode():
     """float16 (the cuda rules' default) and bfloat16: SPMD mode gives the
-    plain run's results bit for bit (the losses too)."""
-    spmd, plain = run("spmd"), run("plain")
+    plain run's results bit for bit (the losses too). The two processes
+    run side by side (independent runtimes)."""
+    procs = [start("spmd"), start("plain")]
+    spmd, plain = (result(p) for p in procs)
     assert spmd["devices"] == 1 and spmd["hw"] == "CPU"  # with the plugin: "CUDA"
     for dtype in ("float16", "bfloat16"):
         check_spmd_run(spmd[dtype], dtype)

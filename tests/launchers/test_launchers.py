@@ -4,16 +4,13 @@ uninterrupted one bit for bit; bad input gets one clear message."""
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from tests.support.launch import ROOT  # noqa: E402
 
 from tests.support import assert_same  # noqa: E402
-from tests.support.launch import MNIST_TINY, SCRIPTS, launch, summary  # noqa: E402
+from tests.support.launch import MNIST_TINY, launch, launch_side_by_side, summary  # noqa: E402
 from xla_amp_launch import data, image_folder  # noqa: E402
 from xla_amp_launch import digits as mnist_data  # noqa: E402
 
@@ -24,8 +21,12 @@ def test_mnist_resume_equals_uninterrupted_run(tmp_path):
     == 50 steps straight: model, optimizer, scaler and data position equal."""
     a, b, c = (str(tmp_path / n) for n in ("a.pt", "b.pt", "c.pt"))
     logdir = tmp_path / "tb"
-    first = launch("train_mnist_amp.py", *MNIST_TINY, "--max_steps", 31, "--checkpoint", a,
-                   "--target_accuracy", 99.9)
+    # the first part and the uninterrupted run are independent: side by side
+    first, straight = launch_side_by_side(
+        ("train_mnist_amp.py", *MNIST_TINY, "--max_steps", 31, "--checkpoint", a,
+         "--target_accuracy", 99.9),
+        ("train_mnist_amp.py", *MNIST_TINY, "--max_steps", 50, "--checkpoint", c,
+         "--logdir", logdir))
     # a short run misses the target: the summary says so and the exit status is 1
     assert first.returncode == 1, first.stderr[-3000:]
     assert "MISSED" in summary(first, "accuracy")
@@ -34,8 +35,6 @@ def test_mnist_resume_equals_uninterrupted_run(tmp_path):
                      "--checkpoint", b)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout and "step 31" in resumed.stdout
-    straight = launch("train_mnist_amp.py", *MNIST_TINY, "--max_steps", 50, "--checkpoint", c,
-                      "--logdir", logdir)
     assert straight.returncode == 0, straight.stderr[-3000:]
 
     sb, sc = (torch.load(p, weights_only=True) for p in (b, c))
@@ -131,25 +130,6 @@ def test_mnist_malformed_datadir_names_path_and_layout(tmp_path, problem):
         mnist_data.load_mnist_idx(str(tmp_path))
     msg = str(e.value)
     assert expect in msg and str(tmp_path) in msg and "expected the four MNIST idx files" in msg
-
-
-@pytest.mark.parametrize("script,args,expect", [
-    ("train_mnist_amp.py", ["--optimizer", "rmsprop"], "--optimizer"),
-    ("train_mnist_amp.py", ["--num_devices", 2, "--batch_size", 33], "multiples of --num_devices"),
-    ("train_imagenet_amp.py", ["--model", "resnet_nope"], "--model must be a torchvision"),
-    ("train_mnist_amp.py", ["--module_policy", "LayerNorm:fp32"], "--module_policy"),
-    ("train_mnist_amp.py", ["--module_policy", "head=nope"], "--module_policy"),
-    ("train_mnist_amp.py", ["--noamp", "--precision", "bf16_master"], "--noamp is --precision fp32"),
-    ("train_mnist_amp.py", ["--nosyncfree", "--precision", "bf16_sr"], "sync-free optimizers"),
-    ("train_mnist_amp.py", ["--precision", "fp32", "--dtype", "bf16"], "--dtype applies to autocast only"),
-    ("train_mnist_amp.py", ["--fsdp"], "--fsdp shards over --num_devices devices"),
-    ("train_mnist_amp.py", ["--fp8", "--precision", "bf16_master"], "--fp8 takes float32 weights"),
-])
-def test_bad_flag_values_are_usage_errors(script, args, expect):
-    proc = launch(script, *args)
-    assert proc.returncode == 1
-    assert "FATAL Flags parsing error" in proc.stderr and expect in proc.stderr
-    assert "Traceback" not in proc.stderr
 
 
 def _image_folder(root, classes=("cat", "dog"), train=6, val=3, size=(40, 48)):
@@ -248,65 +228,6 @@ def test_imagenet_resnet_trains_under_every_policy(policy, tmp_path):
         assert "inf/NaN gradients in: conv1.weight" in proc.stdout
 
 
-PARSE = """
-import importlib.util, json, sys
-from absl import flags
-spec = importlib.util.spec_from_file_location("launcher", sys.argv[1])
-spec.loader.exec_module(importlib.util.module_from_spec(spec))
-values = []
-for argv in json.loads(sys.argv[2]):
-    flags.FLAGS.unparse_flags()
-    flags.FLAGS([sys.argv[1], *argv])
-    values.append({name: flags.FLAGS[name].value for name in flags.FLAGS})
-print(json.dumps(values))
-"""
-
-
-def parse_flags(script, *command_lines):
-    """Each command line's flag values, as the launcher parses them (one
-    process; the launcher's flags are defined, its main() not run)."""
-    proc = subprocess.run([sys.executable, "-c", PARSE, os.path.join(SCRIPTS, script),
-                           json.dumps(command_lines)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.splitlines()[-1])
-
-
-# PyTorch/XLA's flag -> (our flag, the value their command line gives it)
-PTXLA_FLAGS = {
-    "use_syncfree_optim": ("syncfree", True), "num_cores": ("num_devices", 2),
-    "test_set_batch_size": ("eval_batch_size", 8), "num_steps": ("num_steps", 3),
-    "log_steps": ("log_steps", 1), "metrics_debug": ("metrics_debug", True),
-    "drop_last": ("drop_last", True), "num_workers": ("num_workers", 4),
-    "batch_size": ("batch_size", 16), "num_epochs": ("num_epochs", 18),
-    "lr": ("lr", 0.01), "momentum": ("momentum", 0.5), "target_accuracy": ("target_accuracy", 98.0),
-    "logdir": ("logdir", "/tmp/tb"), "datadir": ("datadir", "/tmp/mnist-data"),
-}
-
-
-@pytest.mark.parametrize("script", ["train_mnist_amp.py", "train_imagenet_amp.py"])
-def test_pytorch_xla_flags_set_ours(script):
-    """Their spelling (`--flag` for their store_true flags, `--flag=value`)
-    sets the value of ours; aliases parse in order with our own name."""
-    theirs = ["--use_syncfree_optim" if f == "use_syncfree_optim" else
-              f"--{f}" if v is True else f"--{f}={v}" for f, (_, v) in PTXLA_FLAGS.items()]
-    extra = ["--model=resnet18", "--amp"] if "imagenet" in script else []
-    full, faked, syncfree_off, syncfree_on, default = parse_flags(
-        script, ["--nosyncfree", *theirs, *extra], ["--fake_data"],
-        ["--use_syncfree_optim", "--nouse_syncfree_optim"],
-        ["--nosyncfree", "--use_syncfree_optim"], [])
-    for flag, (ours, value) in PTXLA_FLAGS.items():
-        assert full[ours] == value, (flag, ours, full[ours])
-        assert full[flag] == value  # an alias reads as its flag
-    assert faked["fake_data"] is True
-    assert syncfree_off["syncfree"] is False and syncfree_on["syncfree"] is True
-    assert default["syncfree"] is True and default["num_devices"] == 1
-    assert default["num_steps"] is None and not default["drop_last"]
-    assert not default["metrics_debug"]
-    if extra:
-        assert full["model"] == "resnet18" and full["amp"] is True
-
-
 def _executions(proc):
     return float(re.search(r"([\d.]+) graph executions/step", summary(proc, "XLA")).group(1))
 
@@ -316,7 +237,8 @@ def test_mnist_compile_flag():
     the rest lazily; still no host sync in a step (the one read per
     --log_steps aside) and the same loss as the lazy run to bf16 rounding."""
     args = [*MNIST_TINY, "--max_steps", 8, "--policy", "tpu"]
-    runs = [launch("train_mnist_amp.py", *args, *extra) for extra in ([], ["--compile"])]
+    runs = launch_side_by_side(*[("train_mnist_amp.py", *args, *extra)
+                                 for extra in ([], ["--compile"])])
     for proc in runs:
         assert proc.returncode == 0, proc.stderr[-3000:]
     assert "forward + loss compiled" in runs[1].stdout

@@ -50,6 +50,17 @@ def start(script, *args, **env_vars) -> subprocess.Popen:
                             cwd=ROOT)
 
 
+def launch_side_by_side(*runs: tuple, timeout=400) -> list[subprocess.CompletedProcess]:
+    """Independent launcher runs, each (script, *args), started together and
+    waited for: their results, in order, as `launch` gives them."""
+    procs = [start(*run) for run in runs]
+    done = []
+    for run, proc in zip(runs, procs):
+        out, err = proc.communicate(timeout=timeout)
+        done.append(subprocess.CompletedProcess(command(*run), proc.returncode, out, err))
+    return done
+
+
 def summary(proc, key):
     m = re.search(rf"^{key}\s+(.*)$", proc.stdout, re.M)
     assert m, f"no '{key}' line in the summary:\n{proc.stdout}\n{proc.stderr[-3000:]}"
