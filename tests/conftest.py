@@ -15,7 +15,8 @@ os.environ.pop("XLA_USE_BF16", None)  # would override per-op precision
 # the compile options, so a stale entry cannot be loaded for another program.
 # torch_xla 2.9's own persistent cache is written but never loaded on XLA:CPU
 # (pinned in tests/suite/test_compile_cache.py), so it stays off.
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support.launch import ROOT  # noqa: E402  (the checkout; os, re, sys only)
+
 JAX_CACHE = os.path.join(ROOT, "build", "compile-cache", "jax")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", JAX_CACHE)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
