@@ -83,6 +83,19 @@ def pytest_unconfigure(config):
         shutil.rmtree(_OWN_RUN_DIR, ignore_errors=True)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _collect_garbage_between_modules():
+    """A sync materialises every live XLA tensor of the process, garbage
+    held in reference cycles included (a test's caught exception holds its
+    frames' tensors). A file's leftovers are collected before the next file
+    runs, so that no test's sync depends on which file its worker ran
+    before (once, a module fixture's sync in tests/sharded/ failed with
+    "Check failed: tensor_data" after another file's garbage)."""
+    yield
+    import gc
+    gc.collect()
+
+
 @pytest.fixture(scope="session")
 def device():
     return torch_xla.device()
