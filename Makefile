@@ -13,7 +13,7 @@ MAX_JOBS ?= 2
 export PJRT_DEVICE ?= CPU
 PIP_QUIET  = 2>&1 | grep -v "^WARNING: Location" || true
 
-.PHONY: all venv dev build bazel wheel test integrations sharded faults torchax fp8 launchers zoo zoo-large demo bench docs clean
+.PHONY: all venv dev current build bazel wheel test integrations sharded faults torchax fp8 launchers zoo zoo-large demo bench docs clean
 
 all: test
 
@@ -29,6 +29,30 @@ $(DEV_STAMP): $(STAMP) requirements-dev.txt
 	$(PIP) install -q --no-deps --force-reinstall torchax==0.0.13 $(PIP_QUIET)
 	$(PY) -c "import torchax; assert torchax.__version__ == '0.0.13', torchax.__version__"
 	touch $(DEV_STAMP)
+
+# The `current` profile: Python 3.12, torch 2.15, jax 0.12, torchax, torch-tpu
+# in .venv-current (requirements-current.txt says why), without torch_xla.
+# pip's machine-wide cap (torch<=2.14.1, /etc/xdg/pip) is for .venv's pins;
+# PIP_CONFIG_FILE=/dev/null lifts it for this venv only. The tests marked
+# `core` run here on the CPU-backed stand-in PrivateUse1 device
+# (tests/support/standin_tpu.py); TORCH_DEVICE_BACKEND_AUTOLOAD=0 keeps
+# `import torch` from loading torch_tpu (the tests that want it import it,
+# in a network namespace of their own: libtpu looks for cloud metadata).
+CUR_PY      := .venv-current/bin/python
+CUR_STAMP   := .venv-current/.requirements-installed
+PYTHON312   ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) python3.12)
+$(CUR_STAMP): requirements-current.txt
+	test -x $(CUR_PY) || $(PYTHON312) -m venv .venv-current
+	PIP_CONFIG_FILE=/dev/null $(CUR_PY) -m pip install -q -r requirements-current.txt $(PIP_QUIET)
+	$(CUR_PY) -c "import site; print('$(CURDIR)')" > "$$($(CUR_PY) -c 'import site; print(site.getsitepackages()[0])')/xla_amp_checkout.pth"
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(CUR_PY) -c "import torch, jax; assert torch.__version__.startswith('2.15'), torch.__version__"
+	touch $(CUR_STAMP)
+
+# Two runs: torchax renames PrivateUse1 "jax" for its whole process, the
+# stand-in device names it "tpu".
+current: $(CUR_STAMP)
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(CUR_PY) -m pytest -q $(XDIST) -m "core and not torchax" --durations=10 tests
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(CUR_PY) -m pytest -q -m "core and torchax" --durations=10 tests/torchax
 
 venv: $(STAMP)
 dev: $(DEV_STAMP)

@@ -1,9 +1,18 @@
-"""xla_amp: automatic mixed precision for PyTorch/XLA.
+"""xla_amp: automatic mixed precision for PyTorch/XLA, and beyond it.
 
-Importing xla_amp loads torch_xla, then the native engine (xla_amp._C),
-which takes over the AutocastXLA dispatch key: after import, both
-``xla_amp.autocast(device)`` and plain ``torch.autocast("xla")`` run through
-it. Environment op-list overrides (XLA_AMP_*_OPS_LIST) are read here.
+A core (policies, Policy, fp8, checkpoint, the scaler's tensor math, the
+numerics tools that need no engine) under one engine per runtime
+(_engines.py says which can run here):
+
+* torch 2.9 + torch_xla: importing xla_amp loads torch_xla, then the native
+  engine (xla_amp._C), which takes over the AutocastXLA dispatch key: after
+  import, both ``xla_amp.autocast(device)`` and plain ``torch.autocast("xla")``
+  run through it. Environment op-list overrides (XLA_AMP_*_OPS_LIST) are
+  read here.
+* torch 2.9-2.15 without torch_xla (_core.py): the core, and the PrivateUse1
+  engine (xla_amp.privateuse1: TorchTPU's "tpu") behind the same names;
+  what needs torch_xla raises one line naming what to install.
+* torchax: ``import xla_amp.torchax``, with either.
 
 The package, one concept per folder (docs/engine.md has the map):
 
@@ -20,34 +29,45 @@ The package, one concept per folder (docs/engine.md has the map):
     fp8/        fp8 training: Fp8Recipe, convert, Fp8Linear, report
     torchax/    the same policies, loss scaling and jitted steps on torchax
                 (PyTorch on JAX; imported on its own: import xla_amp.torchax)
+    privateuse1/ the PrivateUse1 engine: policies as Python kernels under
+                AutocastPrivateUse1 (TorchTPU), GradScaler ops the device lacks
     distributed.py   all-reduce with scaling
     _engine.py  the one door to the native engine (xla_amp._C)
+    _engines.py which engines can run here; _core.py the names without torch_xla
 """
 import torch
-import torch_xla  # noqa: F401  (its AutocastXLA kernels must exist before ours)
 
-from xla_amp import _version_check  # noqa: F401  (ImportError if _C was built for another torch)
-from xla_amp import _C  # noqa: F401
-from xla_amp import _engine, policies
-from xla_amp.policies import _env_overrides
-from xla_amp.autocast import _dynamo
-from xla_amp.autocast import autocast, custom_bwd, custom_fwd, set_default_policy
-from xla_amp.precision import ModulePolicyHandle, cast_module, module_policies
-from xla_amp.numerics import (ComparisonReport, NonfiniteWatch, PrecisionReport, compare,
-                              explain, watch_nonfinite)
-from xla_amp.scaler import GradScaler
-from xla_amp import syncfree
-from xla_amp.distributed import all_reduce_gradients, optimizer_step
+from xla_amp import _engines
+from xla_amp import policies
 from xla_amp.policies import CATEGORIES, Policy
-from xla_amp import gpu
-from xla_amp import sharded
-from xla_amp import checkpoint
-from xla_amp import fp8
 
-_env_overrides.load_from_environment()
-_engine.install()
-_dynamo.install()
-gpu.from_environment()  # XLA_AMP_CUDA_PLUGIN=1: before any tensor exists
+if _engines.available("torch_xla"):  # torch 2.9 + torch_xla: the native engine, as ever
+    import torch_xla  # noqa: F401  (its AutocastXLA kernels must exist before ours)
+
+    from xla_amp import _version_check  # noqa: F401  (ImportError if _C was built for another torch)
+    from xla_amp import _C  # noqa: F401
+    from xla_amp import _engine
+    from xla_amp.policies import _env_overrides
+    from xla_amp.autocast import _dynamo
+    from xla_amp.autocast import autocast, custom_bwd, custom_fwd, set_default_policy
+    from xla_amp.precision import ModulePolicyHandle, cast_module, module_policies
+    from xla_amp.numerics import (ComparisonReport, NonfiniteWatch, PrecisionReport, compare,
+                                  explain, watch_nonfinite)
+    from xla_amp.scaler import GradScaler
+    from xla_amp import syncfree
+    from xla_amp.distributed import all_reduce_gradients, optimizer_step
+    from xla_amp import gpu
+    from xla_amp import sharded
+    from xla_amp import checkpoint
+    from xla_amp import fp8
+
+    _env_overrides.load_from_environment()
+    _engine.install()
+    _dynamo.install()
+    gpu.from_environment()  # XLA_AMP_CUDA_PLUGIN=1: before any tensor exists
+else:  # any torch 2.9-2.15 without torch_xla: the core, and the PrivateUse1 engine
+    from xla_amp._core import *  # noqa: F401,F403
+    from xla_amp._core import __getattr__  # noqa: F401  (one line for a missing engine)
 
 __all__ = ["autocast", "set_default_policy", "custom_fwd", "custom_bwd", "policies", "Policy",
            "CATEGORIES", "GradScaler", "syncfree", "all_reduce_gradients", "optimizer_step",

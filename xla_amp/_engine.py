@@ -21,8 +21,12 @@ import weakref
 
 import torch
 
-from xla_amp import _C
-from xla_amp.policies import _ops as ops
+from xla_amp import _engines
+
+_engines.require("torch_xla", "xla_amp's native engine (xla_amp._C)")
+
+from xla_amp import _C  # noqa: E402
+from xla_amp.policies import _ops as ops  # noqa: E402
 from xla_amp.policies._policy import ADAPTATIONS, CATEGORIES, Policy
 
 log = logging.getLogger("xla_amp")

@@ -9,6 +9,8 @@ from typing import Iterator, Optional
 
 import torch
 
+from xla_amp import _devices
+
 # what to do about a parameter left on the host, unless the caller knows better
 MOVE_FIRST = ("move the model to the XLA device before building the optimizer "
               "(model.to(torch_xla.device()), then optimizer(model.parameters())), or point "
@@ -45,7 +47,7 @@ def first_off_xla(optimizer) -> Optional[tuple[int, int, torch.Tensor]]:
     parameter (docs/sync_free.md)."""
     for gi, group in enumerate(optimizer.param_groups):
         for pi, p in enumerate(group["params"]):
-            if not p.is_xla:
+            if not p.is_xla and not _devices.on_device(p):
                 return gi, pi, p
     return None
 

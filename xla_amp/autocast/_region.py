@@ -44,6 +44,11 @@ _built: dict[tuple, tuple] = {}
 _BUILT_MAX = 64
 
 
+def _privateuse1_name() -> str:
+    name = torch._C._get_privateuse1_backend_name()
+    return "" if name in ("privateuseone", "jax") else name
+
+
 def _xla_device(device) -> torch.device:
     try:
         dev = torch.device(device)
@@ -91,6 +96,16 @@ class autocast(torch.amp.autocast):
     ``torch.is_autocast_enabled("xla")`` and ``torch.get_autocast_dtype("xla")``
     report it; nesting, ``enabled=False`` and per-thread state behave alike.
     """
+
+    def __new__(cls, device=None, *args, **kwargs):
+        # A PrivateUse1 device ("tpu" under TorchTPU): the PrivateUse1 engine's region
+        if cls is autocast and not (isinstance(device, str) and device.startswith("xla")):
+            name = _privateuse1_name()
+            kind = device.type if isinstance(device, torch.device) else device
+            if name and isinstance(kind, str) and kind.split(":")[0] == name:
+                from xla_amp.privateuse1 import autocast as privateuse1_autocast
+                return privateuse1_autocast(device, *args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, device, enabled: bool = True, dtype: torch.dtype | None = None,
                  cache_enabled: bool = True, policy: str | Policy | None = None,

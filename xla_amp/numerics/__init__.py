@@ -10,10 +10,18 @@ device-side flags.
 (``GradScaler.overflow_report`` names the parameters with inf/NaN gradients;
 ``xla_amp.scaler``.)
 """
-from xla_amp.autocast._report import PrecisionReport, ReportDiff
-from xla_amp.numerics._compare import ComparisonReport, compare
-from xla_amp.numerics._explain import explain
-from xla_amp.numerics._watch import NonfiniteWatch, watch_nonfinite
+from xla_amp import _engines
+from xla_amp.numerics._watch import NonfiniteWatch, watch_nonfinite  # any engine
+
+if _engines.available("torch_xla"):  # built on the native engine's recording
+    from xla_amp.autocast._report import PrecisionReport, ReportDiff
+    from xla_amp.numerics._compare import ComparisonReport, compare
+    from xla_amp.numerics._explain import explain
+else:
+    def __getattr__(name):
+        if name in __all__:
+            _engines.require("torch_xla", f"xla_amp.numerics.{name}")
+        raise AttributeError(f"module 'xla_amp.numerics' has no attribute {name!r}")
 
 __all__ = ["PrecisionReport", "ReportDiff", "explain", "watch_nonfinite", "NonfiniteWatch",
            "compare", "ComparisonReport"]

@@ -52,7 +52,6 @@ import torch
 from torch import nn
 
 from xla_amp import policies
-from xla_amp.autocast import autocast
 from xla_amp.policies._policy import Policy
 
 FP32 = "fp32"
@@ -120,8 +119,22 @@ class XlaRegions:
     def regions(policy: Policy) -> dict:
         """dtype -> a region of `policy` (the device only names the type:
         autocast state is per device type)."""
+        from xla_amp.autocast import autocast  # the torch_xla engine: loaded when used
         return {dtype: autocast("xla:0", dtype=dtype, policy=policy)
                 for dtype in policy.supported_dtypes}
+
+
+def _backend_for(model: nn.Module):
+    """XlaRegions, or the PrivateUse1 engine's regions for a model whose
+    first parameter is on the PrivateUse1 device (or where torch_xla's
+    engine cannot run)."""
+    from xla_amp import _engines
+    first = next(model.parameters(), None)
+    pu1 = torch._C._get_privateuse1_backend_name()
+    if (first is not None and first.device.type == pu1) or not _engines.available("torch_xla"):
+        from xla_amp.privateuse1._region import Regions
+        return Regions
+    return XlaRegions
 
 
 class _RuledForward:
@@ -211,12 +224,15 @@ class ModulePolicyHandle:
         self._wrapped = []
 
 
-def module_policies(model: nn.Module, rules, *, _backend=XlaRegions) -> ModulePolicyHandle:
+def module_policies(model: nn.Module, rules, *, _backend=None) -> ModulePolicyHandle:
     """Installs per-module policies on `model`; see the module docstring.
     Call it once, before training (and before torch.compile); the rules act
-    inside every autocast region for XLA until ``handle.remove()``."""
+    inside every autocast region for the model's device (XLA, or a
+    PrivateUse1 device such as TorchTPU's "tpu") until ``handle.remove()``."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"module_policies: expected an nn.Module, got {type(model).__name__}")
+    if _backend is None:
+        _backend = _backend_for(model)
     checked = _check_rules(rules)
     chosen: dict[str, tuple[nn.Module, Policy | str]] = {}
     used = set()

@@ -38,6 +38,7 @@ from typing import Any, Optional, Union
 
 import torch
 
+from xla_amp import _devices
 from xla_amp.scaler._masked_step import masked_step as _masked_step
 from xla_amp._param_walk import check_on_xla as _check_on_xla, check_optimizer as _check_optimizer
 from xla_amp.scaler import _update, _unscale
@@ -367,7 +368,7 @@ class GradScaler(ScalerStateDict):
 
     @staticmethod
     def _check_xla(device: torch.device, what: str) -> None:
-        if device.type != "xla":
+        if device.type != "xla" and not _devices.is_engine_type(device.type):
             raise ValueError(
                 f"GradScaler: {what} is on '{device}', not on an XLA device; use "
                 "torch.amp.GradScaler for other devices")

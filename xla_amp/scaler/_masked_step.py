@@ -20,11 +20,13 @@ import warnings
 
 import torch
 
+from xla_amp import _devices
+
 _warned_host_state: set[type] = set()
 
 
 def _is_device_tensor(v) -> bool:
-    return isinstance(v, torch.Tensor) and v.device.type == "xla"
+    return isinstance(v, torch.Tensor) and _devices.on_device(v)
 
 
 def masked_step(optimizer, found_inf: torch.Tensor, kwargs: dict):

@@ -42,20 +42,27 @@ def unscale(grads: dict, inv_scale: torch.Tensor):
             inv = inv_scale.to(device)
             device_flags, positions = [], []
             for dtype, entries in per_dtype.items():
-                gs = [g for g, _ in entries]
                 positions += [pos for _, pos in entries]
-                # bf16: PyTorch/XLA's lowering multiplies bf16 by f32, which XLA
-                # rejects (test_xla_known_issues.py): unscale in f32, round once
-                wide = gs if dtype == torch.float32 else [g.float() for g in gs]
-                zeros = torch._foreach_mul(wide, 0.0)
-                device_flags.append(torch.stack(torch._foreach_norm(zeros, 1)).isnan())
-                torch._foreach_mul_(wide, inv)
-                if wide is not gs:
-                    torch._foreach_copy_(gs, wide)
+                device_flags.append(unscale_list([g for g, _ in entries], inv))
             device_flags = torch.cat(device_flags)
             found[device] = device_flags.any().to(torch.float32)
             flags.append((positions, device_flags))
     return found, flags
+
+
+def unscale_list(gs: list, inv: torch.Tensor) -> torch.Tensor:
+    """Multiplies gradients of one dtype by `inv` in place; returns a bool
+    per gradient: has an inf/NaN (tensor ops only, no sync; also the
+    PrivateUse1 engine's ``_amp_foreach_non_finite_check_and_unscale_``)."""
+    # bf16: PyTorch/XLA's lowering multiplies bf16 by f32, which XLA
+    # rejects (test_xla_known_issues.py): unscale in f32, round once
+    wide = gs if gs[0].dtype == torch.float32 else [g.float() for g in gs]
+    zeros = torch._foreach_mul(wide, 0.0)
+    flags = torch.stack(torch._foreach_norm(zeros, 1)).isnan()
+    torch._foreach_mul_(wide, inv)
+    if wide is not gs:
+        torch._foreach_copy_(gs, wide)
+    return flags
 
 
 @dataclasses.dataclass

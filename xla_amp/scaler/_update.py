@@ -16,23 +16,33 @@ from __future__ import annotations
 import torch
 
 
+def next_scale(scale, tracker, found, growth_factor, backoff_factor, growth_interval,
+               min_scale=None):
+    """(new scale, new growth tracker) from this iteration's `found` (a device
+    bool): the rule above, in tensor ops only (also the PrivateUse1 engine's
+    ``_amp_update_scale_``, xla_amp/privateuse1/_amp_ops.py)."""
+    # Products in float64 then rounded, as torch._amp_update_scale_ computes them.
+    wide = scale.double()
+    backed_off = wide * backoff_factor
+    if min_scale is not None:
+        backed_off = torch.maximum(backed_off, wide.clamp(max=min_scale))
+    grown = (wide * growth_factor).float()
+    successful = tracker + 1
+    grow = successful == growth_interval  # torch's test: == (a tracker
+    # already past a lowered interval waits for the next overflow)
+    grown = torch.where(torch.isfinite(grown), grown, scale)
+    new_scale = torch.where(found, backed_off.float(), torch.where(grow, grown, scale))
+    new_tracker = torch.where(found | grow, torch.zeros_like(successful), successful)
+    return new_scale, new_tracker
+
+
 def update_on_device(scaler, found: torch.Tensor) -> None:
     """Update `scaler`'s device scale, growth tracker and skip count from
     this iteration's `found` (a device bool)."""
-    # Products in float64 then rounded, as torch._amp_update_scale_ computes them.
     with torch.no_grad():
-        scale = scaler._scale.double()
-        backed_off = scale * scaler._backoff_factor
-        if scaler._min_scale is not None:
-            backed_off = torch.maximum(backed_off, scale.clamp(max=scaler._min_scale))
-        grown = (scale * scaler._growth_factor).float()
-        successful = scaler._growth_tracker + 1
-        grow = successful == scaler._growth_interval  # torch's test: == (a tracker
-        # already past a lowered interval waits for the next overflow)
-        grown = torch.where(torch.isfinite(grown), grown, scaler._scale)
-        new_scale = torch.where(found, backed_off.float(),
-                                torch.where(grow, grown, scaler._scale))
-        new_tracker = torch.where(found | grow, torch.zeros_like(successful), successful)
+        new_scale, new_tracker = next_scale(
+            scaler._scale, scaler._growth_tracker, found, scaler._growth_factor,
+            scaler._backoff_factor, scaler._growth_interval, scaler._min_scale)
         scaler._scale.copy_(new_scale)
         scaler._growth_tracker.copy_(new_tracker)
         scaler._skipped.add_(found.to(scaler._skipped.dtype))

@@ -1,0 +1,154 @@
+"""Registration of the cast kernels under AutocastPrivateUse1, and tables.
+
+    install()           once per process (idempotent), for the PrivateUse1
+                        backend as it is named then ("tpu" under TorchTPU):
+                        a fallthrough for the whole key where none exists
+                        (torch 2.15 has none: without one, every op on the
+                        device fails inside torch.autocast); our kernel over
+                        every op another library registered for the key
+                        (TorchTPU's compiled table), so only xla_amp's policy
+                        decides, said in one log line; the GradScaler's ops
+                        where the device lacks them; the default table
+    compile(policy)     -> Table (kernels registered for its ops on first use)
+
+Clash rule (docs/torchtpu.md): where TorchTPU registered a kernel for an
+op, xla_amp's replaces it and ``displaced`` names it; an op xla_amp's policy
+does not list then runs uncast, as the policy says, not in TorchTPU's
+dtype. A boxed fallback for the key, TorchTPU's, is kept.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+
+import torch
+
+from xla_amp import _devices
+from xla_amp.policies import _ops as ops
+from xla_amp.policies._policy import Policy
+from xla_amp.privateuse1 import _amp_ops, _kernels
+
+log = logging.getLogger("xla_amp")
+
+KEY = "AutocastPrivateUse1"
+_lock = threading.RLock()
+_libs: dict[str, torch.library.Library] = {}  # namespace -> library (kept alive)
+_registered: set[str] = set()
+_tables: "weakref.WeakKeyDictionary[Policy, Table]" = weakref.WeakKeyDictionary()
+displaced: list[str] = []    # ops whose kernel under the key (TorchTPU's) we replaced
+installed_for: list[str] = []  # the backend name install() ran for
+fallthrough_added = [False]
+
+
+class Table:
+    """One policy, compiled: overload -> Rule."""
+    __slots__ = ("name", "rules", "__weakref__")
+
+    def __init__(self, name: str, rules: dict):
+        self.name = name
+        self.rules = rules
+
+
+default: list = [None]  # set_default_policy's choice (None: the tpu rules)
+
+
+def default_policy() -> Policy:
+    from xla_amp import policies
+    return default[0] or policies.get("tpu")
+
+
+def backend_name() -> str:
+    return torch._C._get_privateuse1_backend_name()
+
+
+def _overload(name: str):
+    ns, base, overload = ops.split(name)
+    return getattr(getattr(getattr(torch.ops, ns), base), overload or "default")
+
+
+def register(name: str) -> None:
+    """Our kernel for one overload under the key (once)."""
+    if name in _registered:
+        return
+    ns, base, overload = ops.split(name)
+    if torch._C._dispatch_has_kernel_for_dispatch_key(name, KEY):
+        displaced.append(name)
+    lib = _libs.get(ns)
+    if lib is None:
+        lib = _libs[ns] = torch.library.Library(ns, "IMPL")
+    lib.impl(f"{base}.{overload}" if overload else base,
+             _kernels.make_kernel(name, _overload(name)), KEY, with_keyset=True)
+    _registered.add(name)
+
+
+def compile(policy: Policy) -> Table:
+    """The kernels' table for `policy`, built (and its ops registered) once."""
+    table = _tables.get(policy)
+    if table is not None:
+        return table
+    with _lock:
+        install()
+        table = _tables.get(policy)
+        if table is not None:
+            return table
+        rules = {}
+        for name, category in policy.expanded().items():
+            target = None
+            if category == "fp32_append_dtype":
+                target = _overload(ops.append_dtype_target(name))
+            reason = ""
+            if category == "banned":
+                base = name.split(".")[0]
+                reason = policy.banned_reasons.get(name) or policy.banned_reasons.get(base, "")
+            rules[name] = _kernels.Rule(category, _overload(name), target=target,
+                                        reason=reason, policy=policy.name)
+        known = set(torch._C._dispatch_get_all_op_names())
+        for name in list(rules):
+            if name in known:
+                register(name)
+            else:  # a Python-only overload (aten::einsum.sublist): never dispatched
+                del rules[name]
+        table = _tables[policy] = Table(policy.name, rules)
+        return table
+
+
+def _check_backend(name: str) -> None:
+    if name == "jax":
+        raise RuntimeError(
+            "xla_amp.privateuse1: PrivateUse1 is torchax's 'jax' device in this process; "
+            "use xla_amp.torchax.autocast for torchax tensors")
+
+
+def install(default: Policy | None = None) -> None:
+    """Take over AutocastPrivateUse1 for the backend as now named (once)."""
+    with _lock:
+        name = backend_name()
+        if installed_for and installed_for[0] == "privateuseone" != name:
+            installed_for[0] = name  # renamed since (TorchTPU names it once a TPU is up)
+            _devices.add(name)
+        if installed_for:
+            if installed_for[0] != name:
+                raise RuntimeError(
+                    f"xla_amp.privateuse1: installed for PrivateUse1 as '{installed_for[0]}', "
+                    f"which is now named '{name}'; rename the backend before using xla_amp on it")
+            return
+        _check_backend(name)
+        installed_for.append(name)  # before compile() below, which calls install()
+        key = getattr(torch._C.DispatchKey, KEY)
+        if not torch._C._dispatch_has_backend_fallback(key):
+            fallthrough = torch.library.Library("_", "IMPL")
+            fallthrough.fallback(torch.library.fallthrough_kernel, KEY)
+            _libs["_"] = fallthrough
+            fallthrough_added[0] = True
+        theirs = [op for op in sorted(set(torch._C._dispatch_get_all_op_names()))
+                  if torch._C._dispatch_has_kernel_for_dispatch_key(op, KEY)]
+        for op in theirs:
+            register(op)
+        if theirs:
+            log.warning("xla_amp: %d AutocastPrivateUse1 kernels of another library "
+                        "(TorchTPU's compiled table) replaced by xla_amp's: its policies "
+                        "decide those ops on '%s' (docs/torchtpu.md)", len(theirs), name)
+        _amp_ops.register()
+        _devices.add(name)
+        _kernels.default_table[0] = compile(default or default_policy())

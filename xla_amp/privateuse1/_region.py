@@ -1,0 +1,152 @@
+"""`autocast` for a PrivateUse1 device (TorchTPU's "tpu", or any backend
+renamed from PrivateUse1), driven by an xla_amp policy.
+
+    with xla_amp.autocast("tpu"):                  # the tpu policy, bf16
+    with xla_amp.autocast("tpu", policy="cuda"):   # another system's rules, fp16
+
+Algorithm::
+
+    build:  the engine installed for the backend (once, _install.py)
+            device type must be the PrivateUse1 backend's name, and its
+            device module must see a device (TorchTPU with no TPU: refused)
+            policy = policy arg | the default policy (set_default_policy,
+                     else "tpu"); dtype = dtype arg | policy.default_dtype;
+            a dtype the policy does not support: warn once, disabled
+            table = the policy compiled (its ops' kernels registered once)
+    enter:  push the table on this thread's stack, then torch.amp.autocast's
+            enter for the device type (enabled, dtype, cache, nesting)
+    exit:   torch.amp.autocast's exit, then pop; also on exceptions
+
+A subclass of ``torch.amp.autocast``: ``torch.is_autocast_enabled("tpu")``
+and ``torch.get_autocast_dtype("tpu")`` report it. ``record=True`` (the
+precision report) needs the torch_xla engine's native recorder: refused.
+"""
+from __future__ import annotations
+
+import sys
+import warnings
+
+import torch
+
+from xla_amp import _engines, policies
+from xla_amp.policies._policy import Policy
+from xla_amp.privateuse1 import _install, _kernels
+
+_warned: set = set()
+
+
+def set_default_policy(policy: str | Policy | None) -> None:
+    """The policy plain ``torch.autocast(<device>)`` uses on the PrivateUse1
+    device where no xla_amp region is open: a name, a Policy, or None ("tpu").
+    Raises before changing anything on a bad value."""
+    if policy is not None and not isinstance(policy, (str, Policy)):
+        raise TypeError(f"set_default_policy: expected a policy name, a Policy or None, "
+                        f"got {type(policy).__name__}")
+    resolved = policies.get(policy) if isinstance(policy, str) else policy
+    table = _install.compile(resolved or policies.get("tpu"))
+    _install.default[0] = resolved
+    _kernels.default_table[0] = table
+
+
+def device_type(device) -> str:
+    """The PrivateUse1 backend's name, after checking `device` names it and
+    that its device module sees a device; ValueError in one line otherwise."""
+    name = _install.backend_name()
+    if device is None:
+        device = name
+    try:
+        dev = torch.device(device) if not isinstance(device, torch.device) else device
+    except (RuntimeError, TypeError):
+        dev = None
+    if name == "privateuseone" and "torch_tpu" in sys.modules:
+        raise ValueError(
+            f"autocast: TorchTPU is installed but found no TPU on this host (it names "
+            f"PrivateUse1 'tpu' only when one is present), so {device!r} is no device here")
+    if dev is None:
+        raise ValueError(f"autocast: {device!r} is not a device")
+    if dev.type == "xla":
+        _engines.require("torch_xla", "xla_amp.autocast on an XLA device")
+    if dev.type != name or name == "privateuseone":
+        raise ValueError(
+            f"autocast: device '{dev}' is not this process's PrivateUse1 device "
+            f"(PrivateUse1 is named '{name}'); pass '{name}', or an XLA device with torch_xla")
+    module = getattr(torch, name, None)
+    if module is None or not hasattr(module, "get_amp_supported_dtype"):
+        raise ValueError(f"autocast: the '{name}' backend registered no device module with "
+                         "get_amp_supported_dtype(), so torch.autocast cannot run on it")
+    try:
+        count = module.device_count() if hasattr(module, "device_count") else 1
+    except RuntimeError:  # TorchTPU: "internal ... use torch.accelerator.device_count"
+        count = torch.accelerator.device_count()
+    if not count:
+        raise ValueError(
+            f"autocast: the '{name}' backend is installed but sees no device "
+            f"(torch.{name}.device_count() == 0); on a host without a TPU, TorchTPU "
+            "cannot enter torch.autocast either")
+    return name
+
+
+class autocast(torch.amp.autocast):
+    """Autocast on the PrivateUse1 device under an xla_amp policy; see the
+    module docstring."""
+
+    def __init__(self, device=None, enabled: bool = True, dtype: torch.dtype | None = None,
+                 cache_enabled: bool = True, policy: str | Policy | None = None,
+                 record: bool = False):
+        for name, value in (("enabled", enabled), ("cache_enabled", cache_enabled),
+                            ("record", record)):
+            if not isinstance(value, bool):
+                raise ValueError(f"autocast: {name} must be a bool, got {value!r}")
+        if record:
+            raise ValueError("autocast: record=True needs the torch_xla engine's recorder; "
+                             "it is not available on a PrivateUse1 device")
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise ValueError(f"autocast: dtype must be a floating torch.dtype or None, "
+                             f"got {dtype!r}")
+        if isinstance(policy, str):
+            policy = policies.get(policy)
+        elif policy is not None and not isinstance(policy, Policy):
+            raise TypeError(f"autocast: policy must be a name or a Policy, "
+                            f"got {type(policy).__name__}")
+        kind = device_type(device)
+        _install.install()
+        self.policy = policy or _install.default_policy()
+        if dtype is None:
+            dtype = self.policy.default_dtype
+        if enabled and dtype not in self.policy.supported_dtypes:
+            if (self.policy.name, dtype) not in _warned:
+                _warned.add((self.policy.name, dtype))
+                warnings.warn(f"xla_amp.autocast: policy {self.policy.name!r} does not support "
+                              f"{dtype}; autocast is disabled for this region", stacklevel=2)
+            enabled, dtype = False, self.policy.default_dtype
+        self._table = _install.compile(self.policy)
+        super().__init__(kind, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+    def __enter__(self):
+        _kernels.state.stack.append(self._table)
+        try:
+            return super().__enter__()
+        except BaseException:
+            _kernels.state.stack.pop()
+            raise
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            _kernels.state.stack.pop()
+
+
+class Regions:
+    """Where module_policies' rules act on the PrivateUse1 device (the same
+    two functions as xla_amp.precision's XlaRegions)."""
+
+    @staticmethod
+    def active_dtype() -> torch.dtype | None:
+        name = _install.backend_name()
+        return torch.get_autocast_dtype(name) if torch.is_autocast_enabled(name) else None
+
+    @staticmethod
+    def regions(policy: Policy) -> dict:
+        return {dtype: autocast(None, dtype=dtype, policy=policy)
+                for dtype in policy.supported_dtypes}
