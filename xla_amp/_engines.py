@@ -12,7 +12,8 @@ loaded only where its runtime is installed:
                  AutocastPrivateUse1, for TorchTPU (torch-tpu, device "tpu")
                  and any other PrivateUse1 backend; torch 2.9-2.15
 
-    available(name)          -> bool: its runtime imports here (cheap: a spec lookup)
+    available(name)          -> bool: its runtime imports here (cheap: a spec lookup;
+                             sys.modules[name] = None blocks it, as for import)
     require(name, feature)   EngineUnavailable (an ImportError), one line:
                              which package is missing and how to install it
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import sys
 
 import torch
 
@@ -75,7 +77,8 @@ def problem(name: str) -> str | None:
         span = f"torch {low_s} only" if low_s == high_s else f"torch {low_s}-{high_s}"
         return (f"runs on {span}, and this Python has torch {torch.__version__}; "
                 f"install: {engine.install}")
-    if importlib.util.find_spec(engine.module) is None:
+    blocked = engine.module in sys.modules and sys.modules[engine.module] is None
+    if blocked or importlib.util.find_spec(engine.module) is None:
         return f"needs the package '{engine.module}', which is not installed: {engine.install}"
     return None
 

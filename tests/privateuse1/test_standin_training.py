@@ -48,7 +48,7 @@ def _train(kind, policy, steps=STEPS, *, inf_at=None, scaler_kind="xla_amp", mod
         opt.zero_grad(set_to_none=True)
         if i == inf_at:
             snapshots.append(_state(model, opt))
-        losses.append(float(loss.cpu()))
+        losses.append(float(loss.detach().cpu()))
     return model, opt, scaler, losses, snapshots
 
 
@@ -64,6 +64,10 @@ def _bitwise(a, b):
         assert a.keys() == b.keys()
         for k in a:
             _bitwise(a[k], b[k])
+    elif isinstance(a, (tuple, list)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _bitwise(x, y)
     elif isinstance(a, torch.Tensor):
         assert a.dtype == b.dtype and torch.equal(a, b)
     else:
@@ -158,7 +162,7 @@ def test_plain_torch_autocast_follows_the_default_policy():
         xla_amp.set_default_policy(None)
 
 
-def test_fp8_layers_train_on_the_device():
+def test_fp8_layers_train_and_restore_on_the_device(tmp_path):
     model = standin_tpu.to_device(nn.Sequential(nn.Linear(32, 64, bias=False), nn.ReLU(),
                                                 nn.Linear(64, 16, bias=False)))
     xla_amp.fp8.convert(model)
@@ -171,8 +175,19 @@ def test_fp8_layers_train_on_the_device():
         loss.backward()
         opt.step()
         opt.zero_grad()
-        losses.append(float(loss.cpu()))
+        losses.append(float(loss.detach().cpu()))
     assert losses[-1] < losses[0], losses
+    fp8_state = {k for k in model.state_dict() if "amax" in k or "scale" in k}
+    assert fp8_state, list(model.state_dict())
+    xla_amp.checkpoint.save(tmp_path / "fp8.pt", model=model, optimizer=opt)
+    fresh = standin_tpu.to_device(nn.Sequential(nn.Linear(32, 64, bias=False), nn.ReLU(),
+                                                nn.Linear(64, 16, bias=False)))
+    xla_amp.fp8.convert(fresh)
+    fresh_opt = torch.optim.SGD(fresh.parameters(), lr=0.1)
+    xla_amp.checkpoint.restore(xla_amp.checkpoint.load(tmp_path / "fp8.pt"), model=fresh,
+                               optimizer=fresh_opt)
+    _bitwise({k: v.cpu() for k, v in model.state_dict().items()},
+             {k: v.cpu() for k, v in fresh.state_dict().items()})
 
 
 def test_bad_input_is_one_line():

@@ -84,6 +84,7 @@ def _wrap(v):
 
 
 def _run_on_cpu(func, args, kwargs):
+    leaving = kwargs.get("device") is not None and torch.device(kwargs["device"]).type == "cpu"
     cargs = tree_map(_unwrap, args)
     ckw = tree_map(_unwrap, kwargs)
     if ckw.get("device") is not None and str(ckw["device"]).startswith(NAME):
@@ -97,7 +98,7 @@ def _run_on_cpu(func, args, kwargs):
                     if s.alias_info is not None and s.alias_info.is_write and s.name in kwargs]
         if len(mutated) == 1 and isinstance(out, torch.Tensor):
             return mutated[0]
-    return tree_map(_wrap, out)
+    return out if leaving else tree_map(_wrap, out)  # .cpu(), .to("cpu"): a CPU tensor
 
 
 def _factory_fallback(keyset, op, *args, **kwargs):

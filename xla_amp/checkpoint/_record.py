@@ -38,13 +38,18 @@ def mesh_record(mesh) -> Optional[dict]:
             "device_ids": [int(d) for d in mesh.device_ids]}
 
 
+# The param-group keys of xla_amp.syncfree's low-precision options (bf16
+# master weights, stochastic rounding, state dtype): here, in the core, so
+# that a checkpoint's record needs no engine.
+LOW_PRECISION_KEYS = ("master_weights", "stochastic_rounding", "state_dtype")
+
+
 def group_options(group: dict) -> dict[str, Any]:
-    """A param group's low-precision options (the keys ``xla_amp.syncfree``
-    defines them by), as plain data; a group without them (torch.optim, a
-    default group) has neither: flags False, state_dtype None."""
-    from xla_amp.syncfree._low_precision import KEYS
+    """A param group's low-precision options (LOW_PRECISION_KEYS), as plain
+    data; a group without them (torch.optim, a default group) has neither:
+    flags False, state_dtype None."""
     return {k: dtype_name(group.get(k)) if k == "state_dtype" else bool(group.get(k, False))
-            for k in KEYS}
+            for k in LOW_PRECISION_KEYS}
 
 
 def training_record(model: torch.nn.Module, optimizer=None, scaler=None, *,

@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from xla_amp.checkpoint._record import LOW_PRECISION_KEYS
+
 OPTIONS_DOC = """
     master_weights: for parameters that are not float32 (bf16 weights, see
         ``xla_amp.cast_module``), keep a float32 master copy in the state
@@ -51,7 +53,7 @@ OPTIONS_DOC = """
     sync-free guarantee: one graph per step, no transfer, a skipped step
     leaves parameters, masters and state bit-identical."""
 
-KEYS = ("master_weights", "stochastic_rounding", "state_dtype")
+KEYS = LOW_PRECISION_KEYS  # defined with the checkpoint record, part of the core
 _MASTER = "master"
 _COUNTER = "sr_counter"
 _M32 = 0xFFFFFFFF
