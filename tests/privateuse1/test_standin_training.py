@@ -27,9 +27,10 @@ STEPS = 6
 
 
 def _train(kind, policy, steps=STEPS, *, inf_at=None, scaler_kind="xla_amp", model=None,
-           opt=None, scaler=None, start=0):
+           opt=None, scaler=None, start=0, fused=False):
     model = model or standin_tpu.to_device(zoo.build(kind))
-    opt = opt or torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True)
+    opt = opt or (torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True) if fused else
+                  torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True))
     scaler = scaler or (xla_amp.GradScaler(init_scale=2.0 ** 10) if scaler_kind == "xla_amp"
                         else torch.amp.GradScaler("tpu", init_scale=2.0 ** 10))
     losses, snapshots = [], []
@@ -94,10 +95,13 @@ def test_trains_with_the_policys_dtypes(kind, policy, low):
     assert all(p.dtype == torch.float32 for p in model.parameters())
 
 
-@pytest.mark.parametrize("scaler_kind", ["xla_amp", "torch"])
-def test_an_injected_inf_is_skipped_bit_for_bit(scaler_kind):
+@pytest.mark.parametrize("scaler_kind,fused", [("xla_amp", False), ("xla_amp", True),
+                                               ("torch", False)])
+def test_an_injected_inf_is_skipped_bit_for_bit(scaler_kind, fused):
+    """masked step (capturable AdamW), the fused kernel's own found_inf, torch's scaler"""
     model, opt, scaler, losses, (before, after) = _train("block", "cuda", steps=4, inf_at=2,
-                                                         scaler_kind=scaler_kind)
+                                                         scaler_kind=scaler_kind, fused=fused)
+    assert bool(getattr(opt, "_step_supports_amp_scaling", False)) == fused  # the path taken
     _bitwise(before, after)
     assert scaler.get_scale() == 2.0 ** 9  # one backoff, no growth in 4 steps
 

@@ -60,7 +60,9 @@ def _eligible(t, device_type: str) -> bool:
 
 def _cast(v, to: torch.dtype, device_type: str):
     if isinstance(v, torch.Tensor):
-        if v.dtype is not to and _eligible(v, device_type):
+        dtype = v.dtype
+        if (dtype is not to and dtype is not torch.float64 and dtype.is_floating_point
+                and v.device.type == device_type):
             return v.to(to)
         return v
     if isinstance(v, (list, tuple)) and any(isinstance(e, torch.Tensor) for e in v):
@@ -70,7 +72,7 @@ def _cast(v, to: torch.dtype, device_type: str):
 
 def _cast_all(args, kwargs, to, device_type):
     return ([_cast(a, to, device_type) for a in args],
-            {k: _cast(v, to, device_type) for k, v in kwargs.items()})
+            {k: _cast(v, to, device_type) for k, v in kwargs.items()} if kwargs else kwargs)
 
 
 def _tensors(args, kwargs):
@@ -100,7 +102,8 @@ def widest(args, kwargs, lower: torch.dtype, device_type: str) -> torch.dtype:
 
 class Rule:
     """How one overload is cast under one policy (a row of a Table)."""
-    __slots__ = ("category", "op", "dtype_index", "mutates", "target", "reason", "policy")
+    __slots__ = ("category", "op", "dtype_index", "mutates", "target", "reason", "policy",
+                 "simple", "call")
 
     def __init__(self, category, op, *, target=None, reason="", policy=""):
         self.category = category
@@ -112,6 +115,10 @@ class Rule:
         self.target = target
         self.reason = reason
         self.policy = policy
+        # the common case, taken first: a plain cast of every argument
+        self.simple = (category in ("lower_precision_fp", "fp32") and not self.mutates
+                       and self.dtype_index < 0)
+        self.call = op._op  # the dispatcher's callable, without OpOverload's frame
 
     def explicit_dtype(self, args, kwargs) -> bool:
         i = self.dtype_index
@@ -120,6 +127,12 @@ class Rule:
         return (i < len(args) and args[i] is not None) or kwargs.get("dtype") is not None
 
     def __call__(self, args, kwargs):
+        if self.simple:
+            device_type = _device_type()
+            to = (torch.get_autocast_dtype(device_type)
+                  if self.category == "lower_precision_fp" else torch.float32)
+            args, kwargs = _cast_all(args, kwargs, to, device_type)
+            return self.call(*args, **kwargs)
         op, category = self.op, self.category
         if category == "banned":
             raise RuntimeError(f"xla_amp: {op._schema.name} is banned in autocast regions "

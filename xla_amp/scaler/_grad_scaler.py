@@ -12,6 +12,8 @@ Algorithm (one iteration; scale and growth_tracker are device tensors)::
                       found_inf[opt] = any(flag); g *= 1/scale
     step(opt)         unscale_(opt) unless done;
                       syncfree opt: opt.step(found_inf=found_inf[opt])
+                      fused torch.optim opt off XLA (a PrivateUse1 device):
+                                    opt.found_inf = found_inf[opt]; opt.step()
                       other opt:    masked step (below)
     update()          found = sum(found_inf[*]) != 0;  skipped += found
                       found ? (scale = max(scale * backoff, min(min_scale, scale)), tracker = 0)
@@ -32,16 +34,14 @@ Each optimizer goes through a state machine per iteration::
 from __future__ import annotations
 
 import enum
-import inspect
 from collections import defaultdict
 from typing import Any, Optional, Union
 
 import torch
 
 from xla_amp import _devices
-from xla_amp.scaler._masked_step import masked_step as _masked_step
 from xla_amp._param_walk import check_on_xla as _check_on_xla, check_optimizer as _check_optimizer
-from xla_amp.scaler import _update, _unscale
+from xla_amp.scaler import _step, _update, _unscale
 from xla_amp.scaler._state_dict import ScalerStateDict
 from xla_amp.scaler._checks import checked as _checked
 
@@ -60,24 +60,6 @@ class _PerOptimizer:
     def __init__(self):
         self.stage = OptState.READY
         self.found_inf_per_device: dict[torch.device, torch.Tensor] = {}
-
-
-_found_inf_kwarg: dict[type, bool] = {}
-
-
-def _takes_found_inf(optimizer) -> bool:
-    """xla_amp.syncfree optimizers, and others (PyTorch/XLA's syncfree ones)
-    whose step() takes a found_inf argument, skip on the device themselves."""
-    if getattr(optimizer, "_xla_amp_syncfree", False):
-        return True
-    cls = type(optimizer)
-    if cls not in _found_inf_kwarg:
-        try:
-            params = inspect.signature(optimizer.step).parameters
-        except (TypeError, ValueError):
-            params = {}
-        _found_inf_kwarg[cls] = "found_inf" in params
-    return _found_inf_kwarg[cls]
 
 
 class GradScaler(ScalerStateDict):
@@ -216,10 +198,7 @@ class GradScaler(ScalerStateDict):
         if st.stage is OptState.READY:
             self._unscale(optimizer)
         found_inf = self._combined_found_inf(st)
-        if _takes_found_inf(optimizer):
-            retval = optimizer.step(found_inf=found_inf, **kwargs)
-        else:
-            retval = _masked_step(optimizer, found_inf, kwargs)
+        retval = _step.step(optimizer, found_inf, kwargs)
         st.stage = OptState.STEPPED
         return retval
 
