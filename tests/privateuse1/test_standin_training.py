@@ -203,3 +203,28 @@ def test_bad_input_is_one_line():
         xla_amp.autocast("xla")
     with pytest.raises(ImportError, match=r"xla_amp\.syncfree .*needs xla_amp's torch_xla"):
         xla_amp.syncfree
+
+
+ENV_SCRIPT = r'''
+import torch, xla_amp
+from tests.support import standin_tpu
+standin_tpu.install()
+a = standin_tpu.to_device(torch.randn(4, 4))
+with xla_amp.autocast("tpu"):
+    print((a @ a).dtype, torch.softmax(a, -1).dtype)
+'''
+
+
+def test_op_list_overrides_from_the_environment(tmp_path):
+    """XLA_AMP_LOWER_PRECISION_OPS_LIST replaces the category on this engine too"""
+    import subprocess
+    import sys
+    from tests.support import launch
+    lists = tmp_path / "lower.txt"
+    lists.write_text("# only softmax in low precision\naten::softmax\n")
+    env = {**launch.launch_env(), "XLA_AMP_LOWER_PRECISION_OPS_LIST": str(lists),
+           "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    proc = subprocess.run([sys.executable, "-c", ENV_SCRIPT], capture_output=True, text=True,
+                          env=env, timeout=120, cwd=launch.ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["torch.float32", "torch.bfloat16"], proc.stdout
