@@ -40,11 +40,12 @@ Policy file format (TOML)::
     "aten::binary_cross_entropy" = { source = "002: ...", reason = "..." }
     [uncast]                       # optional: named by a document, left uncast
     "aten::gelu" = "001: gelu (why it is not autocast here)"
+    [removed_in]                   # optional: ops a newer torch removed (_removed.py)
+    "aten::qr" = { torch = "2.14", source = "ops: declared up to 2.13, not in 2.14" }
 """
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 import types
 from pathlib import Path
 from typing import Iterable, Mapping
@@ -52,6 +53,7 @@ from typing import Iterable, Mapping
 import torch
 
 from xla_amp.policies import _ops as ops
+from xla_amp.policies import _removed as removed
 
 CATEGORIES = (
     "lower_precision_fp",
@@ -93,6 +95,10 @@ class Policy:
     # XLA adaptations, op -> kind (ADAPTATIONS); None: PyTorch/XLA's table
     # (policies/_xla_adaptations.toml); {} turns them off
     adaptations: Mapping[str, str] | None = None
+    # the file's [removed_in]: op -> the torch release that removed it
+    removed_in: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # ops of the file the running torch lacks, left out: op -> that release
+    skipped_ops: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         for op, cat in self.categories.items():
@@ -107,6 +113,8 @@ class Policy:
         object.__setattr__(self, "categories", _frozen(self.categories))
         object.__setattr__(self, "sources", _frozen(self.sources))
         object.__setattr__(self, "banned_reasons", _frozen(self.banned_reasons))
+        object.__setattr__(self, "removed_in", _frozen(self.removed_in))
+        object.__setattr__(self, "skipped_ops", _frozen(self.skipped_ops))
         if self.adaptations is None:
             object.__setattr__(self, "adaptations", xla_adaptations())
         for op, kind in self.adaptations.items():
@@ -271,29 +279,11 @@ def check_op_fits(op: str, category: str) -> None:
             ops.append_dtype_target(overload)
 
 
-def _line_of(text: str, key: str) -> int:
-    for i, line in enumerate(text.splitlines(), 1):
-        if f'"{key}"' in line:
-            return i
-    return 0
-
-
-def _read_toml(path: Path) -> tuple[str, dict]:
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read policy file: {e.strerror}") from None
-    try:
-        return text, tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{path}: {e}") from None
-
-
 def load_adaptations(path: str | Path) -> tuple[dict[str, str], dict[str, str]]:
     """Reads an XLA adaptation table: ({op: kind}, {op: reason}). Errors name
     the file and line of the culprit."""
     path = Path(path)
-    text, data = _read_toml(path)
+    text, data = removed.read_toml(path)
     kinds: dict[str, str] = {}
     reasons: dict[str, str] = {}
     for section, entries in data.items():
@@ -301,7 +291,7 @@ def load_adaptations(path: str | Path) -> tuple[dict[str, str], dict[str, str]]:
             raise ValueError(f"{path}: [{section}] is not an adaptation; one of "
                              f"{', '.join(ADAPTATIONS)}")
         for op, value in entries.items():
-            where = f"{path}:{_line_of(text, op)}"
+            where = f"{path}:{removed.line_of(text, op)}"
             try:
                 ops.validate(op)
             except ValueError as e:
@@ -316,12 +306,28 @@ def load_adaptations(path: str | Path) -> tuple[dict[str, str], dict[str, str]]:
 
 
 def load(path: str | Path) -> Policy:
-    """Reads a policy file. Errors name the file and line of the culprit."""
+    """Reads a policy file. Errors name the file and line of the culprit. An
+    op the running torch lacks is left out only where [removed_in] says an
+    older or equal release removed it (recorded in `Policy.skipped_ops`)."""
     path = Path(path)
-    text, data = _read_toml(path)
+    text, data = removed.read_toml(path)
 
     def where(key: str) -> str:
-        return f"{path}:{_line_of(text, key)}"
+        return f"{path}:{removed.line_of(text, key)}"
+
+    removed_in = removed.read_table(path, text, data)
+    skipped: dict[str, str] = {}
+
+    def exists(op: str) -> bool:
+        """False: missing here, and [removed_in] says a release <= this one removed it."""
+        try:
+            ops.validate(op)
+            return True
+        except ValueError as e:
+            if op not in removed_in:
+                raise ValueError(f"{where(op)}: {e}") from None
+        skipped[op] = removed.skip(path, text, op, removed_in[op])
+        return False
 
     for key in ("name", "default_dtype", "supported_dtypes"):
         if key not in data:
@@ -337,19 +343,17 @@ def load(path: str | Path) -> Policy:
     reasons: dict[str, str] = {}
     uncast: dict[str, str] = {}
     for op, value in data.get("uncast", {}).items():
-        try:
-            ops.validate(op)
-        except ValueError as e:
-            raise ValueError(f"{where(op)}: {e}") from None
-        uncast[op] = str(value)
+        if exists(op):
+            uncast[op] = str(value)
     for section, entries in data.items():
-        if not isinstance(entries, dict) or section in ("sources", "uncast"):
+        if not isinstance(entries, dict) or section in ("sources", "uncast", removed.SECTION):
             continue
         if section not in CATEGORIES:
             raise ValueError(f"{path}: [{section}] is not a category; one of {', '.join(CATEGORIES)}")
         for op, value in entries.items():
+            if not exists(op):
+                continue
             try:
-                ops.validate(op)
                 check_op_fits(op, section)
             except ValueError as e:
                 raise ValueError(f"{where(op)}: {e}") from None
@@ -370,7 +374,8 @@ def load(path: str | Path) -> Policy:
         name=data["name"], default_dtype=dtypes[0],
         supported_dtypes=tuple(dict.fromkeys(dtypes[1:])), categories=categories,
         sources=sources, banned_reasons=reasons,
-        description=data.get("description", ""), uncast=uncast)
+        description=data.get("description", ""), uncast=uncast,
+        removed_in=removed_in, skipped_ops=skipped)
 
 
 _adaptations: tuple[dict[str, str], dict[str, str]] | None = None
