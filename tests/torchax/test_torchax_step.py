@@ -167,8 +167,8 @@ def test_float16_on_a_backend_without_float16():
 
 
 def test_a_torch_version_torchax_rejects():
-    with pytest.raises(ImportError, match="torch 2.13.0 is not supported"):
-        _pins.check("2.13.0", "0.0.13")
+    with pytest.raises(ImportError, match="torch 2.16.0 is not supported"):
+        _pins.check("2.16.0", "0.0.13")
     with pytest.raises(ImportError, match="torch_xla 2.9.0's wheel carries"):
         _pins.check("2.9.0", "0.0.6")
     _pins.check("2.9.0", "0.0.13")

@@ -9,11 +9,16 @@ sync-free steps for models torchax runs.
     (fp8)               xla_amp.fp8's layers on torchax tensors (_fp8.py)
 
 torchax's internals are reached through _hook.py only; versions are checked
-(_pins.py) before torchax is imported. See docs/torchax.md.
+(_pins.py) before torchax is imported, which _compat.py then does (on torch
+2.13+ skipping the ops torchax names that torch removed). See docs/torchax.md.
 """
 from xla_amp.torchax import _pins
 
 _pins.check_installed()
+
+from xla_amp.torchax import _compat  # noqa: E402
+
+_compat.apply()
 
 from xla_amp.torchax._region import autocast, module_policies  # noqa: E402
 from xla_amp.torchax._scaler import LossScaler  # noqa: E402

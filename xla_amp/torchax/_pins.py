@@ -1,7 +1,10 @@
 """The torch / torchax / jax combination this backend is verified on.
 
-torchax 0.0.13 imports with torch 2.9.0 and jax 0.10.2; torch >= 2.13 breaks
-its import (an overload it registers, ``aten.prod.dim_Dimname``, is gone).
+torchax 0.0.13 imports with torch 2.9.0 and jax 0.10.2 as it is, and with
+torch 2.15.0 and jax 0.12 through _compat.py (torch >= 2.13 removed 23 ops and
+overloads torchax names, ``aten.prod.dim_Dimname`` first: torchax's own import
+fails there). The verified range is torch 2.9 to 2.15; a torch above it is
+refused until its removed ops are recorded (tests/torchax/test_current_torch_shim.py).
 torch_xla 2.9.0's wheel carries an older torchax (0.0.6) as a top-level
 package of its own: installed after torchax 0.0.13 it overwrites it, which
 is why the Makefile installs torchax last. Checked before torchax is
@@ -13,7 +16,8 @@ import importlib.metadata
 import importlib.util
 
 TORCHAX = "0.0.13"
-TORCH_BELOW = (2, 13)
+TORCH_FROM = (2, 9)    # oldest torch verified
+TORCH_UPTO = (2, 15)   # newest torch verified (with _compat.py's shim from 2.13)
 
 
 def _release(version: str) -> tuple[int, ...]:
@@ -26,12 +30,16 @@ def _release(version: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _dotted(release: tuple[int, ...]) -> str:
+    return ".".join(map(str, release))
+
+
 def check(torch_version: str, torchax_version: str | None) -> None:
     """ImportError naming what is wrong with this combination, or nothing."""
-    if _release(torch_version)[:2] >= TORCH_BELOW:
+    if not TORCH_FROM <= _release(torch_version)[:2] <= TORCH_UPTO:
         raise ImportError(
             f"xla_amp.torchax: torch {torch_version} is not supported: torchax {TORCHAX} "
-            f"needs torch < {'.'.join(map(str, TORCH_BELOW))} (torch 2.9.0 is verified)")
+            f"is verified with torch {_dotted(TORCH_FROM)} to {_dotted(TORCH_UPTO)}")
     if torchax_version is None:
         raise ImportError(f"xla_amp.torchax needs torchax=={TORCHAX}: pip install "
                           f"torchax=={TORCHAX}")
