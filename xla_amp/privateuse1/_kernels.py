@@ -103,7 +103,7 @@ def widest(args, kwargs, lower: torch.dtype, device_type: str) -> torch.dtype:
 class Rule:
     """How one overload is cast under one policy (a row of a Table)."""
     __slots__ = ("category", "op", "dtype_index", "mutates", "target", "reason", "policy",
-                 "simple", "call")
+                 "simple", "call", "to")
 
     def __init__(self, category, op, *, target=None, reason="", policy=""):
         self.category = category
@@ -119,6 +119,7 @@ class Rule:
         self.simple = (category in ("lower_precision_fp", "fp32") and not self.mutates
                        and self.dtype_index < 0)
         self.call = op._op  # the dispatcher's callable, without OpOverload's frame
+        self.to = torch.float32 if category == "fp32" else None  # None: the region's dtype
 
     def explicit_dtype(self, args, kwargs) -> bool:
         i = self.dtype_index
@@ -176,6 +177,12 @@ def make_kernel(name: str, op):
         if rule is None:
             return op.redispatch(keyset & BELOW, *args, **kwargs)
         with torch._C._ExcludeDispatchKeyGuard(_EXCLUDED):
+            if rule.simple:  # inlined: a plain cast of every argument (the common case)
+                device_type = _device_type()
+                to = rule.to or torch.get_autocast_dtype(device_type)
+                if kwargs:
+                    kwargs = {k: _cast(v, to, device_type) for k, v in kwargs.items()}
+                return rule.call(*[_cast(a, to, device_type) for a in args], **kwargs)
             return rule(args, kwargs)
     kernel.__name__ = f"xla_amp_autocast_{name.replace('::', '_').replace('.', '_')}"
     return kernel
