@@ -24,7 +24,7 @@ import weakref
 
 import torch
 
-from xla_amp import _devices
+from xla_amp import _devices, _engines
 from xla_amp.policies import _ops as ops
 from xla_amp.policies._policy import Policy
 from xla_amp.privateuse1 import _amp_ops, _kernels
@@ -133,6 +133,7 @@ def install(default: Policy | None = None) -> None:
                     f"xla_amp.privateuse1: installed for PrivateUse1 as '{installed_for[0]}', "
                     f"which is now named '{name}'; rename the backend before using xla_amp on it")
             return
+        _engines.require("privateuse1", "xla_amp.privateuse1")  # a torch it is verified on
         _check_backend(name)
         installed_for.append(name)  # before compile() below, which calls install()
         key = getattr(torch._C.DispatchKey, KEY)
