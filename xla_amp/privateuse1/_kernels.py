@@ -194,10 +194,9 @@ def fallback_kernel(keyset, op, *args, **kwargs):
     of every call comes through Python, listed or not."""
     stack = state.stack
     table = stack[-1] if stack else default_table[0]
-    rule = table.rules.get(op._schema.name if not op._overloadname or
-                           op._overloadname == "default"
-                           else f"{op._schema.name}.{op._overloadname}") \
-        if table is not None else None
+    schema = op._schema  # the dispatcher's spelling, as the tables key overloads
+    name = f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
+    rule = table.rules.get(name) if table is not None else None
     if rule is None:
         return op.redispatch(keyset & BELOW, *args, **kwargs)
     with torch._C._ExcludeDispatchKeyGuard(_EXCLUDED):

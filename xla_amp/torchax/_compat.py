@@ -81,34 +81,38 @@ def _torchax_site(frame) -> str | None:
     return None
 
 
-def _packet_getattr(original, record):
+def _skipping_getattr(original, record, lacks, name_of):
+    """`original` __getattr__, except that an AttributeError raised for
+    torchax's own access to a name this torch `lacks` becomes a placeholder."""
     def __getattr__(self, key):
         try:
             return original(self, key)
         except AttributeError:
             site = _torchax_site(sys._getframe(1))
-            if site is None or key.startswith("__") or \
-                    not self._qualified_op_name.startswith("aten::") or key in self.overloads():
+            if site is None or key.startswith("__") or not lacks(self, key):
                 raise
-            name = self._qualified_op_name.replace("::", ".") + "." + key
+            name = name_of(self, key)
             record.append((name, site))
             return Skipped(name)
     return __getattr__
+
+
+def _packet_getattr(original, record):
+    """OpOverloadPacket: a missing overload of an aten op."""
+    return _skipping_getattr(
+        original, record,
+        lambda packet, key: (packet._qualified_op_name.startswith("aten::")
+                             and key not in packet.overloads()),
+        lambda packet, key: packet._qualified_op_name.replace("::", ".") + "." + key)
 
 
 def _namespace_getattr(original, record):
-    def __getattr__(self, op_name):
-        try:
-            return original(self, op_name)
-        except AttributeError:
-            site = _torchax_site(sys._getframe(1))
-            if site is None or op_name.startswith("__") or self.name != "aten" or \
-                    torch._C._jit_get_schemas_for_operator(f"{self.name}::{op_name}"):
-                raise
-            name = f"{self.name}.{op_name}"
-            record.append((name, site))
-            return Skipped(name)
-    return __getattr__
+    """_OpNamespace: a missing aten op (the dispatcher has no schema for it)."""
+    return _skipping_getattr(
+        original, record,
+        lambda ns, op: (ns.name == "aten"
+                        and not torch._C._jit_get_schemas_for_operator(f"aten::{op}")),
+        lambda ns, op: f"{ns.name}.{op}")
 
 
 def _remove_placeholders() -> None:
