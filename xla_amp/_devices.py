@@ -13,14 +13,17 @@ def add(device_type: str) -> None:
     TYPES.add(device_type)
 
 
-def is_engine_type(device_type: str) -> bool:
-    """"xla", or the PrivateUse1 backend's name when it names a device
-    (not the unrenamed "privateuseone", not torchax's "jax", which has its
-    own scaler)."""
-    if device_type in TYPES:
-        return True
+def privateuse1_device() -> str:
+    """The PrivateUse1 backend's name when it names a device the PrivateUse1
+    engine drives ("tpu" under TorchTPU), else "": not the unrenamed
+    "privateuseone", not torchax's "jax" (xla_amp.torchax's own)."""
     name = torch._C._get_privateuse1_backend_name()
-    return device_type == name and name not in ("privateuseone", "jax")
+    return "" if name in ("privateuseone", "jax") else name
+
+
+def is_engine_type(device_type: str) -> bool:
+    """"xla", or the PrivateUse1 engine's device type."""
+    return device_type in TYPES or device_type == (privateuse1_device() or None)
 
 
 def on_device(t: torch.Tensor) -> bool:

@@ -47,7 +47,7 @@ def first_off_xla(optimizer) -> Optional[tuple[int, int, torch.Tensor]]:
     parameter (docs/sync_free.md)."""
     for gi, group in enumerate(optimizer.param_groups):
         for pi, p in enumerate(group["params"]):
-            if not p.is_xla and not _devices.on_device(p):
+            if not p.is_xla and not _devices.on_device(p):  # is_xla: the fast path
                 return gi, pi, p
     return None
 

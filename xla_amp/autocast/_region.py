@@ -28,7 +28,7 @@ import warnings
 
 import torch
 
-from xla_amp import _engine, policies
+from xla_amp import _devices, _engine, policies
 from xla_amp.autocast import _recording
 from xla_amp.autocast._report import PrecisionReport
 from xla_amp.policies._policy import Policy
@@ -42,11 +42,6 @@ _warned: set[tuple[str, torch.dtype]] = set()
 # a region, measured by benchmarks/trace_cost.py).
 _built: dict[tuple, tuple] = {}
 _BUILT_MAX = 64
-
-
-def _privateuse1_name() -> str:
-    name = torch._C._get_privateuse1_backend_name()
-    return "" if name in ("privateuseone", "jax") else name
 
 
 def _xla_device(device) -> torch.device:
@@ -100,7 +95,7 @@ class autocast(torch.amp.autocast):
     def __new__(cls, device=None, *args, **kwargs):
         # A PrivateUse1 device ("tpu" under TorchTPU): the PrivateUse1 engine's region
         if cls is autocast and not (isinstance(device, str) and device.startswith("xla")):
-            name = _privateuse1_name()
+            name = _devices.privateuse1_device()
             kind = device.type if isinstance(device, torch.device) else device
             if name and isinstance(kind, str) and kind.split(":")[0] == name:
                 from xla_amp.privateuse1 import autocast as privateuse1_autocast
