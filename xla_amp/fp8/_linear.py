@@ -90,8 +90,9 @@ def forward_impl(x, weight, bias, module, record: bool):
 def record_forward_amax(module, x, weight) -> None:
     """Delayed scaling: raise the running max of x's and w's amax."""
     pending = module.fp8_amax_pending
-    pending.copy_(torch.maximum(pending, torch.stack(
-        [_quant.amax(x), _quant.amax(weight), torch.zeros_like(pending[G])])))
+    amaxes = torch.stack([_quant.amax(x), _quant.amax(weight), torch.zeros_like(pending[G])])
+    # a non-finite amax never enters the history (the input saturates, as documented)
+    pending.copy_(torch.where(torch.isfinite(amaxes), torch.maximum(pending, amaxes), pending))
 
 
 def backward_impl(saved, grad_out, module, dtypes, record: bool):
@@ -103,6 +104,7 @@ def backward_impl(saved, grad_out, module, dtypes, record: bool):
     x_dtype, w_dtype, b_dtype = dtypes
     g = grad_out.reshape(-1, grad_out.shape[-1])
     ag = _quant.amax(g)
+    finite = torch.isfinite(ag)  # an overflow upstream (inf/NaN): passed on, never kept
     if recipe.scaling == "dynamic":
         sg = _quant.scale_from_amax(recipe, fg, ag, sg_old)
         if record:
@@ -111,7 +113,8 @@ def backward_impl(saved, grad_out, module, dtypes, record: bool):
         sg = sg_old
         if record:
             pending = module.fp8_amax_pending
-            pending.copy_(torch.cat([pending[:G], torch.maximum(pending[G:], ag.reshape(1))]))
+            pending.copy_(torch.cat([pending[:G], torch.where(
+                finite, torch.maximum(pending[G:], ag.reshape(1)), pending[G:])]))
     gq = _quant.quantize(g, sg, fg)
     if record:
         module.fp8_stats.copy_(torch.cat([module.fp8_stats[:G],
@@ -120,6 +123,10 @@ def backward_impl(saved, grad_out, module, dtypes, record: bool):
     grad_x = (g_dq @ _quant.dequantize(wq, sw)).reshape(xq.shape).to(x_dtype)
     x2 = _quant.dequantize(xq, sx).reshape(-1, xq.shape[-1])
     grad_w = (g_dq.t() @ x2).to(w_dtype)
+    # The clamp before the cast would turn an inf gradient into a finite one,
+    # and the GradScaler would not skip: the non-finite amax goes on instead.
+    grad_x = torch.where(finite, grad_x, ag.to(x_dtype))
+    grad_w = torch.where(finite, grad_w, ag.to(w_dtype))
     grad_b = g.float().sum(0).to(b_dtype) if b_dtype is not None else None
     return (grad_x, grad_w, grad_b), ag
 
