@@ -56,5 +56,10 @@ def attach(optimizer: torch.optim.Optimizer, model: nn.Module):
     """Rolls `model`'s fp8 histories after each ``optimizer.step`` (skipped
     steps, found_inf set, leave them). Returns the hook handle."""
     def hook(opt, args, kwargs):
-        update_scales(model, kwargs.get("found_inf"))
+        # found_inf: a syncfree step's argument, or the GradScaler's for any
+        # other optimizer it steps (xla_amp/scaler/_step.py)
+        found_inf = kwargs.get("found_inf")
+        if found_inf is None:
+            found_inf = getattr(opt, "_xla_amp_found_inf", None)
+        update_scales(model, found_inf)
     return optimizer.register_step_post_hook(hook)

@@ -44,7 +44,17 @@ def _fused_off_xla(optimizer, found_inf) -> bool:
 
 
 def step(optimizer, found_inf, kwargs: dict):
-    """Step `optimizer` unless found_inf is set, on the device."""
+    """Step `optimizer` unless found_inf is set, on the device. While it
+    steps, ``optimizer._xla_amp_found_inf`` is found_inf, whatever the path:
+    the optimizer's step hooks (fp8.attach's history roll) read it there."""
+    optimizer._xla_amp_found_inf = found_inf
+    try:
+        return _step(optimizer, found_inf, kwargs)
+    finally:
+        del optimizer._xla_amp_found_inf
+
+
+def _step(optimizer, found_inf, kwargs: dict):
     if _takes_found_inf(optimizer):
         return optimizer.step(found_inf=found_inf, **kwargs)
     if _fused_off_xla(optimizer, found_inf):
