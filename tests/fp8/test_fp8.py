@@ -244,7 +244,9 @@ def test_state_dict_round_trip_bit_identical(device):
 def test_report_reads_scales_and_fractions_in_one_transfer(device):
     from tests.support import clear_metrics, count
     model = fp8.convert(_mlp(), fp8.Fp8Recipe(scaling="delayed")).to(device)
-    x = torch.randn(8, 32, device=device)
+    # away from zero: a random |x| < 2**-9 also flushes to zero at scale 1 (the
+    # unseeded randn made this test flaky: 5/256 underflowed in one run)
+    x = torch.randn(8, 32, device=device).abs().clamp(min=0.01)
     x[0, :4] = 1e5  # saturates at scale 1 (before the first roll)
     x[1, :4] = 1e-9  # flushed to zero
     model(x).float().sum().backward()
