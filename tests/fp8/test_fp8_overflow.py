@@ -79,3 +79,20 @@ def test_an_overflow_behind_fp8_layers_is_skipped(device, scaling, fmt, optimize
             assert all(torch.isfinite(h).all() for h in hist)
     # the next good steps advance again
     assert not torch.equal(before[0]["0.weight"], model.state_dict()["0.weight"].cpu())
+
+
+def test_linear_subclasses_left_alone_are_named():
+    """#43: convert swaps exact nn.Linear only; a subclass such as
+    nn.MultiheadAttention's out_proj (its owner reads .weight directly) is
+    named in one warning, not passed over without a word."""
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = nn.MultiheadAttention(32, 4, batch_first=True)
+            self.mlp = nn.Linear(32, 32)
+
+    with pytest.warns(UserWarning, match=r"nn\.Linear subclasses it does not swap: "
+                                         r"attn\.out_proj \(NonDynamicallyQuantizableLinear\)$"):
+        model = fp8.convert(Block())
+    assert isinstance(model.mlp, fp8.Fp8Linear)
+    assert type(model.attn.out_proj).__name__ == "NonDynamicallyQuantizableLinear"

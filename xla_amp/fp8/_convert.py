@@ -12,6 +12,7 @@ become `Fp8Linear`, in place.
 from __future__ import annotations
 
 import fnmatch
+import warnings
 
 from torch import nn
 
@@ -52,6 +53,15 @@ def candidates(model: nn.Module, recipe: Fp8Recipe) -> list[tuple[str, nn.Module
     return found
 
 
+def passed_over(model: nn.Module, recipe: Fp8Recipe) -> list[str]:
+    """"name (Type)" of each nn.Linear subclass `convert` leaves alone: its
+    owner may not call its forward (nn.MultiheadAttention reads
+    out_proj.weight directly), so a swapped layer could silently not run."""
+    return [f"{name} ({type(m).__name__})" for name, m in model.named_modules()
+            if isinstance(m, nn.Linear) and type(m) is not nn.Linear
+            and not isinstance(m, Fp8Linear) and not _kept(recipe, name, m)]
+
+
 def convert(model: nn.Module, recipe: Fp8Recipe | None = None, *,
             unaligned: str = "refuse") -> nn.Module:
     """Swaps the eligible layers of `model` for `Fp8Linear` (see the module
@@ -82,6 +92,10 @@ def convert(model: nn.Module, recipe: Fp8Recipe | None = None, *,
                 f"xla_amp.fp8.convert: layer {name!r} has weight shape {dims}; fp8 matmuls need "
                 f"both dimensions to be multiples of {ALIGN}: keep it in high precision "
                 f"(Fp8Recipe(keep=({name!r},)))")
+    skipped = passed_over(model, recipe)
+    if skipped:
+        warnings.warn(f"xla_amp.fp8.convert: left in high precision, nn.Linear subclasses it "
+                      f"does not swap: {', '.join(skipped)}", stacklevel=2)
     modules = dict(model.named_modules())
     for name, module, transposed in found:
         layer = Fp8Linear(module.weight, module.bias, recipe, transposed=transposed)
