@@ -39,8 +39,10 @@ import os
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from xla_amp._param_walk import check_optimizer
+from xla_amp.checkpoint._errors import CheckpointError
 from xla_amp.sharded import _checkpoint_checks as _checks
 from xla_amp.sharded import _checkpoint_record as _record
 from xla_amp.sharded import _safe_metadata as _safe
@@ -185,6 +187,15 @@ def _make_state(optimizer, metadata, made: list) -> None:
             _sharding.follow(p, st)
 
 
+def _first_failure(e) -> str:
+    """One line from torch's CheckpointException (a traceback per rank):
+    the first failing rank's exception, type and message."""
+    for exc, _trace in e.failures.values():
+        text = " ".join(str(exc).split())
+        return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return " ".join(str(e).split())[:200]
+
+
 def load(path: str | os.PathLike, *, model, optimizer=None, scaler=None) -> None:
     """Restore what :func:`save` wrote to `path` into `model`, `optimizer`
     and `scaler`, built as for the run that saved (same model, precision,
@@ -215,8 +226,12 @@ def load(path: str | os.PathLike, *, model, optimizer=None, scaler=None) -> None
             optimizer.state.pop(p, None)
         raise
     _settle()
-    dcp.load(state, storage_reader=_safe.reader(path, metadata),
-             planner=_load_planner(values), **_distributed())
+    try:
+        dcp.load(state, storage_reader=_safe.reader(path, metadata),
+                 planner=_load_planner(values), **_distributed())
+    except CheckpointException as e:  # a BaseException: `except Exception` would miss it
+        raise CheckpointError(f"{who}: {path}: could not read its data ({_first_failure(e)})"
+                              ) from None
     for k, obj in objects.items():
         obj.load_state_dict(state[k])
     _settle()
