@@ -58,5 +58,6 @@ setup(
         )
     ],
     cmdclass={"build_ext": BuildWithInfo},
-    install_requires=[versions["requirement"](p, v) for p, v in BUILT_AGAINST.items()],
+    install_requires=[versions["requirement"](p, v) for p, v in BUILT_AGAINST.items()]
+    + ["xxhash>=3"],   # checkpoint checksums (xla_amp/checkpoint/_checksum.py)
 )
