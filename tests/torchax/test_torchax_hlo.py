@@ -126,6 +126,13 @@ def test_hook_pins_torchax_internals():
     assert _hook.has_lowering(ENV, F.linear)
     assert not _hook.has_lowering(ENV, torch.ops.aten.conv_tbc.default)
     assert callable(tensor.Tensor.apply_jax)
+    with ENV:  # a tensor's JAX array is its _elem, replaced by in-place ops
+        t = torch.zeros(2, device="jax")
+        t.add_(1)
+    assert float(_hook.jax_value(t)[0]) == 1.0
+    _hook.set_jax_value(t, _hook.jax_value(t) * 3)
+    with ENV:
+        assert t.cpu().tolist() == [3.0, 3.0]
     assert _hook.installed(ENV)  # this module's steps installed it
 
 

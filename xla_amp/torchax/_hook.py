@@ -8,7 +8,8 @@ level). Both of torchax's torch modes, ``XLAFunctionMode`` (Python-level
 functions) and ``XLADispatchMode`` (aten overloads), hand each call to
 ``Environment.dispatch(func, types, args, kwargs)``; wrapping that bound
 method on one environment instance is the narrowest interception there is.
-What else is private and used here: ``Environment._get_op_or_decomp`` (does
+What else is private and used here: a tensor's ``_elem`` (its JAX array),
+``Environment._get_op_or_decomp`` (does
 torchax lower an op?), ``torchax.tensor.OperatorNotFound`` (it does not)
 and ``torchax.view.View`` (a lazy view, materialised before a cast).
 tests/torchax/test_torchax_hlo.py::test_hook_pins_torchax_internals pins each of these against the installed torchax.
@@ -67,6 +68,19 @@ def has_lowering(env, func) -> bool:
 def is_device_tensor(value) -> bool:
     """A tensor that lives in JAX (autocast's "XLA tensor" on this backend)."""
     return isinstance(value, (Tensor, View))
+
+
+def jax_value(value):
+    """The JAX array behind a torchax tensor or view."""
+    if isinstance(value, View):
+        value = value.torch()
+    return value._elem
+
+
+def set_jax_value(tensor, array) -> None:
+    """Writes `array` into a torchax tensor in place (as torchax's own
+    in-place ops do: the tensor object keeps its identity)."""
+    tensor._elem = array
 
 
 def cast(value, dtype: torch.dtype):

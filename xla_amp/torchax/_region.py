@@ -35,7 +35,7 @@ import torch
 
 from xla_amp import policies
 from xla_amp.policies._policy import Policy
-from xla_amp.torchax import _hook, _rules
+from xla_amp.torchax import _batch_norm, _hook, _rules
 
 # JAX backend -> xla_amp hardware name (policies.HARDWARE_POLICY's keys)
 _BACKEND_HARDWARE = {"tpu": "TPU", "gpu": "CUDA", "cuda": "CUDA", "rocm": "CUDA",
@@ -76,6 +76,15 @@ def _suspended():
 
 def _on_dispatch(original, func, types, args, kwargs):
     stack = getattr(_state, "stack", None)
+    if stack and func in _batch_norm.OPS:  # torchax drops the stats, nested calls included
+        out = _dispatch(stack, original, func, types, args, kwargs)
+        with _suspended():
+            _batch_norm.update_running_stats(args, kwargs)
+        return out
+    return _dispatch(stack, original, func, types, args, kwargs)
+
+
+def _dispatch(stack, original, func, types, args, kwargs):
     if not stack or _state.suspended or stack[-1] is None:
         return original(func, types, args, kwargs)
     rules, dtype = stack[-1]

@@ -21,8 +21,9 @@ Algorithm (one jax.jit, one XLA program per step)::
         grads, found_inf = scaler.unscale(grads)         # one reduction;
                                                          # global on a mesh
         params', opt_state' = optimizer update           # _optim.py
-        params, opt_state = where(found_inf, old, new)   # a skip keeps them
-        scaler_state = scaler.update(found_inf)          #   bit for bit
+        params, buffers, opt_state, rng =                # a skip keeps every
+            where(found_inf, old, new)                   #   leaf bit for bit
+        scaler_state = scaler.update(found_inf)
         return state', (loss, found_inf, scale)
 
 With a `mesh`, parameters (and the optimizer state made from them) are
@@ -143,6 +144,7 @@ class TrainStep:
 
     def _step(self, state, batch):
         params, buffers, opt_state, scaler_state, rng = state
+        before = (params, buffers, opt_state, rng)
         rng, key = jax.random.split(rng)
         probes = {n: jnp.zeros((), jnp.float32) for n, _ in self._fp8}
         (_, (loss, buffers)), (grads, amax_g) = jax.value_and_grad(
@@ -159,11 +161,15 @@ class TrainStep:
             g, s = env.j2t_iso((grads, scaler_state))
             g, found_inf = self.scaler.unscale(g, s)
             grads, found_inf_j = env.t2j_iso((g, found_inf))
-        new_params, new_opt = self.optimizer.update(params, grads, opt_state, env)
-        keep = lambda old, new: jnp.where(found_inf_j, old, new)  # noqa: E731
-        params = jax.tree_util.tree_map(keep, params, new_params)
-        opt_state = jax.tree_util.tree_map(keep, opt_state, new_opt)
+        params, opt_state = self.optimizer.update(params, grads, opt_state, env)
         buffers = self._roll_fp8(buffers, amax_g, found_inf_j)
+        # a skip keeps every leaf the step carries but the scaler's, whatever
+        # it holds (parameters, optimizer moments and counts, buffers the
+        # forward moved: batch-norm statistics, fp8 amaxes; the random key),
+        # taken from the state's own tree: no list to keep up to date
+        keep = lambda old, new: jnp.where(found_inf_j, old, new)  # noqa: E731
+        params, buffers, opt_state, rng = jax.tree_util.tree_map(
+            keep, before, (params, buffers, opt_state, rng))
         with env:
             s = self.scaler.update(env.j2t_iso(scaler_state), env.j2t_iso(found_inf_j))
             scaler_state = env.t2j_iso(s)
