@@ -53,7 +53,8 @@ unchanged = True
 for case, ((path, want), rows, dtype) in cases.items():
     m = layer(rows, 1, dtype)
     before = m.weight.detach().cpu().clone()
-    dcp.load({"model": m.state_dict()}, storage_reader=dcp.FileSystemReader(path),
+    dcp.load({"model": m.state_dict()},
+             storage_reader=dcp.FileSystemReader(sharded.versions(path)[0]),
              planner=SPMDLoadPlanner(), no_dist=True)
     torch_xla.sync()
     got = m.weight.detach().cpu()

@@ -47,7 +47,7 @@ dcp.save({"model": model.state_dict()},
 out["upstream_keys"] = keys(up)
 ours = os.path.join(root, "ours")
 sharded.save(ours, model=model)
-out["ours_keys"] = keys(ours)
+out["ours_keys"] = keys(sharded.versions(ours)[0])
 with torch.no_grad():
     model.weight.zero_()
 torch_xla.sync()

@@ -88,7 +88,7 @@ while k < args.steps:
     losses.append(float(loss.detach().cpu()))
     if k == args.save_at:
         sharded.save(args.ckpt, model=model, optimizer=opt, scaler=scaler)
-        with open(os.path.join(args.ckpt, "xla_amp_sharded.json")) as f:
+        with open(os.path.join(sharded.versions(args.ckpt)[0], "xla_amp_sharded.json")) as f:
             out["record"] = json.load(f)
 out["losses"] = losses
 out["scale"] = scaler.get_scale()

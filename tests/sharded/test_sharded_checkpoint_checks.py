@@ -145,14 +145,16 @@ def test_unexpected_entries_other_scalers_and_absent_state_are_refused(device, c
 
 def test_the_checkpoint_records_how_it_was_trained(ckpt):
     path, _ = ckpt
-    with open(os.path.join(path, "xla_amp_sharded.json")) as f:
+    where = sharded.versions(path)[0]  # the newest version directory
+    with open(os.path.join(where, "xla_amp_sharded.json")) as f:
         record = json.load(f)
     assert record["format"] == "xla_amp.sharded checkpoint"
     assert record["param_dtypes"] == {"torch.bfloat16": 4}
     assert record["optimizer"] == {"class": "AdamW", "param_groups": [
         {"master_weights": True, "stochastic_rounding": False, "state_dtype": None}]}
     assert record["mesh"] is None and record["processes"] == 1  # no mesh in this process
-    assert not [n for n in os.listdir(path) if ".tmp" in n]  # written by rename
+    assert record["checksums"]["algorithm"] == "xxh3_64"
+    assert not [n for n in os.listdir(where) if ".tmp" in n]  # written by rename
 
 
 @pytest.mark.sharded  # a 2-device SPMD subprocess: make sharded

@@ -4,15 +4,17 @@ one whose storage points outside the folder, one that is not a metadata
 at all) and a crafted non-tensor entry are refused by
 xla_amp.sharded.load with one line naming the file and saying it was not
 loaded; the payload never runs, the model is unchanged, and the real
-checkpoint still loads. Pinned upstream behaviour (torch 2.9 / torch_xla
-2.9), the reason for xla_amp/sharded/_safe_metadata.py: DCP's
+checkpoint still loads. The crafted files come with a record whose
+checksums match them (a checksum finds damage, not a stranger's file:
+what keeps the payload from running is the restricted reader). Pinned
+upstream behaviour (torch 2.9 / torch_xla 2.9), the reason for xla_amp/sharded/_safe_metadata.py: DCP's
 ``FileSystemReader.read_metadata`` runs the ``.metadata`` payload, and
 ``SPMDLoadPlanner.load_bytes`` runs a non-tensor entry's payload once
 ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` is set."""
 import dataclasses
+import json
 import os
 import pickle
-import shutil
 
 import pytest
 import torch
@@ -21,6 +23,7 @@ import torch.nn as nn
 
 import xla_amp
 from xla_amp import sharded
+from xla_amp.checkpoint._checksum import digest
 from xla_amp.sharded import _safe_metadata
 
 
@@ -52,21 +55,35 @@ def model(device):
 
 @pytest.fixture
 def ckpt(model, tmp_path):
+    """The directory of the checkpoint's (only) version."""
     path = str(tmp_path / "ckpt")
     sharded.save(path, model=model, scaler=xla_amp.GradScaler())
-    return path
+    return sharded.versions(path)[0]
+
+
+def put_metadata(path, data: bytes):
+    """`data` as the `.metadata` of the checkpoint in `path`, with its
+    checksum in the record, as someone crafting the files would write it."""
+    with open(os.path.join(path, ".metadata"), "wb") as f:
+        f.write(data)
+    record_file = os.path.join(path, "xla_amp_sharded.json")
+    with open(record_file) as f:
+        record = json.load(f)
+    record["checksums"][".metadata"] = {"size": len(data),
+                                        "segments": [[0, len(data), digest(data)]]}
+    with open(record_file, "w") as f:
+        json.dump(record, f)
 
 
 def rewrite_metadata(path, change):
-    md = _safe_metadata.read_metadata(path, "test")
-    with open(os.path.join(path, ".metadata"), "wb") as f:
-        pickle.dump(change(md), f)
+    put_metadata(path, pickle.dumps(change(_safe_metadata.read_metadata(path, "test"))))
 
 
 def crafted(path, marker):
-    """The checkpoint's own metadata carrying `Payload(marker)`."""
-    original = os.path.join(os.path.dirname(path), "original.metadata")
-    shutil.copy(os.path.join(path, ".metadata"), original)
+    """The checkpoint's own metadata carrying `Payload(marker)`; returns the
+    original's bytes."""
+    with open(os.path.join(path, ".metadata"), "rb") as f:
+        original = f.read()
     rewrite_metadata(path, lambda md: dataclasses.replace(md, planner_data=Payload(marker)))
     return original
 
@@ -82,7 +99,7 @@ def test_crafted_metadata_is_refused_without_running_it(device, model, ckpt, tmp
     assert text == (f"xla_amp.sharded.load: {os.path.join(ckpt, '.metadata')} was not loaded: "
                     "it refers to posix.mkdir, which a checkpoint's metadata never holds"), text
     assert not marker.exists()
-    shutil.copy(original, os.path.join(ckpt, ".metadata"))  # the real one still loads
+    put_metadata(ckpt, original)  # the real one still loads
     sharded.load(ckpt, model=fresh, scaler=xla_amp.GradScaler())
     assert torch.equal(fresh.weight.detach().cpu(), before)
 
@@ -113,7 +130,8 @@ def test_crafted_non_tensor_entry_is_refused_without_running_it(
         sharded.load(path, model=fresh, scaler=xla_amp.GradScaler())
     text = str(err.value)
     assert "\n" not in text and "(entry 'scaler') was not loaded" in text, text
-    assert os.path.join(path, "__0_0.distcp") in text and "posix.mkdir" in text, text
+    data = os.path.join(sharded.versions(path)[0], "__0_0.distcp")
+    assert data in text and "posix.mkdir" in text, text
     assert not marker.exists()
     assert torch.equal(fresh.weight.detach().cpu(), before)
 
@@ -141,6 +159,6 @@ def test_upstream_spmd_load_planner_unpickles_entries_in_full_when_forced(
     sharded.save(path, model=model, scaler=PayloadScaler(marker))
     monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     with pytest.warns(UserWarning, match="TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"):
-        dcp.load({"scaler": {}}, storage_reader=dcp.FileSystemReader(path),
+        dcp.load({"scaler": {}}, storage_reader=dcp.FileSystemReader(sharded.versions(path)[0]),
                  planner=SPMDLoadPlanner(), no_dist=True)
     assert marker.is_dir()

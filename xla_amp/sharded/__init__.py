@@ -9,11 +9,14 @@
     sharded.check_sharding(optimizer)            # after a step: state sharded as its param
     sharded.save(path, model=model, optimizer=optimizer, scaler=scaler)
     sharded.load(path, model=model, optimizer=optimizer, scaler=scaler)  # any mesh
+    sharded.save(path, ..., keep=3); sharded.versions(path)   # the 3 newest, newest first
 
-``load`` compares every key, shape and dtype and the precision options
-with the checkpoint before anything changes (_checkpoint_checks,
-_checkpoint_record), reads its files without running code from them
-(_safe_metadata); ``shard_model``, ``save`` and ``load`` refuse a launch
+``save`` writes a new version directory under `path` and publishes it by
+one rename (_versions), with checksums taken as it writes (_checksums).
+``load`` checks those checksums, then compares every key, shape and dtype
+and the precision options with the checkpoint before anything changes
+(_checkpoint_checks, _checkpoint_record), reads its files without running
+code from them (_safe_metadata); ``shard_model``, ``save`` and ``load`` refuse a launch
 whose process count is not the runtime's (_topology).
 
 ``ShardedPrecision.cast`` (called by ``shard_model``) also gives the modules
@@ -24,5 +27,6 @@ from xla_amp.sharded._precision import ShardedPrecision
 from xla_amp.sharded._model import shard_model
 from xla_amp.sharded._state import check_sharding
 from xla_amp.sharded._checkpoint import load, save
+from xla_amp.sharded._versions import versions
 
-__all__ = ["ShardedPrecision", "shard_model", "check_sharding", "save", "load"]
+__all__ = ["ShardedPrecision", "shard_model", "check_sharding", "save", "load", "versions"]

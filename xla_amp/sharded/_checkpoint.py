@@ -5,9 +5,13 @@ GradScaler's state, each device writing and reading only its own shards
     save(path, model=model, optimizer=optimizer, scaler=scaler)   # between steps
     load(path, model=model, optimizer=optimizer, scaler=scaler)   # fresh process, any mesh
 
-``save``: the process check (_topology), the record of how the run was
-trained (_checkpoint_record: mesh, dtypes, precision options; JSON), then
-each device's chunks, every chunk once (``_save_planner``).
+``save``: the process check (_topology); a new version directory under
+`path` (_versions); each device's chunks, every chunk once
+(``_save_planner``), hashed as they are written (_checksums); the record
+of how the run was trained (_checkpoint_record: mesh, dtypes, precision
+options, the checksum of ``.metadata``; JSON); then the version is
+published by one rename, keeping the ``keep`` newest (_versions). A save
+killed at any moment leaves the previous checkpoint the one ``load`` reads.
 
 ``load`` fills tensors in place, so they must exist with their sharding
 first: it builds the model's and the optimizer's state dicts from the
@@ -18,14 +22,17 @@ it (zero moments, a master from the parameter), sharded as each parameter
 moves, in this order::
 
     processes   the launch's count == the runtime's        (_topology)
-    .metadata   unpickled admitting a metadata's classes only (_safe_metadata)
+    .metadata   its checksum, then unpickled admitting a metadata's classes
+                only                                       (_checksums, _safe_metadata)
     record      precision options == the optimizer's        (_checkpoint_record)
     entries     every key, global shape and dtype == here   (_checkpoint_checks)
+    bytes       the checksums of every byte this process will read (_checksums)
     values      non-tensor entries read weights-only, then checked
 
-A refusal undoes the optimizer state made for the check (it is lazy: none
-of it has run). The checkpoint's mesh need not be this one: each device
-reads the chunks that cover its own shards (resharding, N -> M devices).
+A refusal drops the optimizer state made for the check again (fresh zeros
+and copies of parameters: nothing else holds them yet). The checkpoint's
+mesh need not be this one: each device reads the chunks that cover its own
+shards (resharding, N -> M devices).
 A run restored at step k on the same mesh continues bit-identically.
 
 One process per host on a pod: each process passes the same `path` (a
@@ -45,7 +52,9 @@ from xla_amp._param_walk import check_optimizer
 from xla_amp.checkpoint._errors import CheckpointError
 from xla_amp.sharded import _checkpoint_checks as _checks
 from xla_amp.sharded import _checkpoint_record as _record
+from xla_amp.sharded import _checksums
 from xla_amp.sharded import _safe_metadata as _safe
+from xla_amp.sharded import _versions
 from xla_amp.sharded._topology import check_processes
 
 _KEYS = ("model", "optimizer", "scaler")
@@ -136,28 +145,74 @@ def _coordinator() -> bool:
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
-def save(path: str | os.PathLike, *, model, optimizer=None, scaler=None) -> None:
-    """Write `model`'s, `optimizer`'s and `scaler`'s state to the directory
-    `path` (made if missing), each sharded tensor as its shards, and how
-    the run was trained (``xla_amp_sharded.json``). Call between steps,
-    after ``scaler.update()``."""
-    import torch.distributed.checkpoint as dcp
+def _agree(value):
+    """The coordinator's `value` on every process (a broadcast under
+    ``torch.distributed``; one process: `value`)."""
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _coordinated(step):
+    """``step()`` on the coordinator only; its result on every process, or its
+    error: raised there as it is, elsewhere as a CheckpointError with its text."""
+    result, error = None, None
+    if _coordinator():
+        try:
+            result = step()
+        except Exception as e:  # noqa: BLE001 -- raised again below, on every process
+            error = e
+    result, text = _agree((result, None if error is None else str(error)))
+    if error is not None:
+        raise error
+    if text is not None:
+        raise CheckpointError(text)
+    return result
+
+
+def save(path: str | os.PathLike, *, model, optimizer=None, scaler=None,
+         keep: int = 1) -> None:
+    """Write `model`'s, `optimizer`'s and `scaler`'s state as a new version
+    of the checkpoint at the directory `path` (made if missing): each
+    sharded tensor as its shards, with checksums, and how the run was
+    trained (``xla_amp_sharded.json``); then make it the one ``load(path)``
+    reads, in one atomic step, keeping the `keep` newest (an int >= 1;
+    ``versions(path)`` lists them). Call between steps, after
+    ``scaler.update()``."""
     who = "xla_amp.sharded.save"
     objects = _objects(model, optimizer, scaler, who)
+    _versions.check_keep(keep, who)
     check_processes(who)
     path = os.fspath(path)
     _settle()
     state = {k: v.state_dict() for k, v in objects.items()}
-    if _coordinator():
-        os.makedirs(path, exist_ok=True)
-        _record.write(path, _record.describe(model, optimizer))
-    # per_thread_copy_ahead=0: DCP's copy-ahead loader (GPU-to-host overlap)
-    # is chosen whenever a PrivateUse1 backend says it is available, and then
-    # calls its device module's current_stream(): torchax names PrivateUse1
-    # "jax" on import and has none, so every save failed in a process that
-    # had imported torchax (tests/torchax/test_torchax_coexist.py pins it)
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(path, per_thread_copy_ahead=0),
-             planner=_save_planner(), **_distributed())
+    _write_version(path, state, keep, _save_planner(),
+                   lambda: _record.describe(model, optimizer), who)
+
+
+def _write_version(path: str, state, keep: int, planner, describe, who: str) -> None:
+    """`state` as a new version of the checkpoint at `path`, published, the
+    `keep` newest kept (_versions); every process of the run calls it, the
+    coordinator also does both ends. ``describe()``: the record."""
+    import torch.distributed.checkpoint as dcp
+    name, previous = _coordinated(lambda: _versions.begin(path, keep))
+    where = os.path.join(path, name)
+    writer = _checksums.Writer(where)
+    try:
+        dcp.save(state, storage_writer=writer, planner=planner, **_distributed())
+    except CheckpointException as e:  # a BaseException, like the load's
+        raise CheckpointError(f"{who}: {where}: could not write it ({_first_failure(e)}); "
+                              f"{path} holds what it held before") from None
+
+    def finish():
+        record = describe()
+        record["checksums"] = writer.metadata_record()
+        _record.write(where, record)
+        _versions.publish(path, name, previous, keep)
+    _coordinated(finish)
 
 
 def _make_state(optimizer, metadata, made: list) -> None:
@@ -165,9 +220,8 @@ def _make_state(optimizer, metadata, made: list) -> None:
     lacking it whose state the checkpoint holds (index i: a key
     ``optimizer.state.<i>.*``), sharded as the parameter; the values are
     overwritten by the load. Appends each parameter it makes state for to
-    `made` as it goes, so that a refusal can drop it again (lazy tensors:
-    nothing has run). torch.optim optimizers must have stepped once
-    already."""
+    `made` as it goes, so that a refusal can drop it again. torch.optim
+    optimizers must have stepped once already."""
     from xla_amp.syncfree import _low_precision, _sharding
     saved = {k.split(".")[2] for k in metadata.state_dict_metadata
              if k.startswith("optimizer.state.")}
@@ -187,6 +241,15 @@ def _make_state(optimizer, metadata, made: list) -> None:
             _sharding.follow(p, st)
 
 
+def _planned_reads(state, metadata) -> list:
+    """The items this process's ``dcp.load`` of `state` will read: the local
+    plan of its planner, made as DCP makes it (nothing is read or moved)."""
+    from torch_xla.experimental.distributed_checkpoint import SPMDLoadPlanner
+    planner = SPMDLoadPlanner()
+    planner.set_up_planner(state, metadata, _coordinator())
+    return planner.create_local_plan().items
+
+
 def _first_failure(e) -> str:
     """One line from torch's CheckpointException (a traceback per rank):
     the first failing rank's exception, type and message."""
@@ -199,7 +262,11 @@ def _first_failure(e) -> str:
 def load(path: str | os.PathLike, *, model, optimizer=None, scaler=None) -> None:
     """Restore what :func:`save` wrote to `path` into `model`, `optimizer`
     and `scaler`, built as for the run that saved (same model, precision,
-    optimizer options; any mesh). Every key, global shape and dtype is
+    optimizer options; any mesh). `path` is what :func:`save` was given
+    (its newest version is read) or one of ``versions(path)``. The
+    checksums of ``.metadata`` and of every byte this process reads are
+    checked first (a mismatch: ``CheckpointError`` naming the file and
+    the first damaged tensor). Every key, global shape and dtype is
     compared with the checkpoint first, and the precision options with its
     record: a difference raises ``ValueError`` naming it, with nothing
     changed. Shards are then read straight into the device tensors; each
@@ -209,28 +276,35 @@ def load(path: str | os.PathLike, *, model, optimizer=None, scaler=None) -> None
     objects = _objects(model, optimizer, scaler, who)
     check_processes(who)
     path = os.fspath(path)
-    if not os.path.isfile(os.path.join(path, ".metadata")):
-        raise FileNotFoundError(f"{who}: {path!r} holds no checkpoint (no .metadata file)")
-    metadata = _safe.read_metadata(path, who)
-    _record.check_precision(_record.read(path, who), optimizer, path, who)
+    where = _versions.resolve(path, who)
+    if not os.path.isfile(os.path.join(where, ".metadata")):
+        raise FileNotFoundError(f"{who}: {where!r} holds no checkpoint (no .metadata file)")
+    record = _record.read(where, who)
+    sums = _checksums.expected(where, record, who)   # None: from before checksums
+    if sums is not None:
+        sums.check_metadata()
+    metadata = _safe.read_metadata(where, who)
+    _record.check_precision(record, optimizer, path, who)
     made: list = []
     try:
         if optimizer is not None:
             _make_state(optimizer, metadata, made)
         state = {k: v.state_dict() for k, v in objects.items()}
         keys = _checks.compare(state, metadata, path, who)
-        values = _safe.read_values(path, metadata, keys, who)
+        _settle()  # the state made above takes its sharding: the plan depends on it
+        if sums is not None:
+            sums.check_reads(metadata, _planned_reads(state, metadata))
+        values = _safe.read_values(where, metadata, keys, who)
         _checks.compare_values(values, state, path, who)
     except BaseException:
         for p in made:  # as it was: no state for these
             optimizer.state.pop(p, None)
         raise
-    _settle()
     try:
-        dcp.load(state, storage_reader=_safe.reader(path, metadata),
+        dcp.load(state, storage_reader=_safe.reader(where, metadata),
                  planner=_load_planner(values), **_distributed())
     except CheckpointException as e:  # a BaseException: `except Exception` would miss it
-        raise CheckpointError(f"{who}: {path}: could not read its data ({_first_failure(e)})"
+        raise CheckpointError(f"{who}: {where}: could not read its data ({_first_failure(e)})"
                               ) from None
     for k, obj in objects.items():
         obj.load_state_dict(state[k])

@@ -10,10 +10,15 @@
      "optimizer": {"class": "AdamW", "param_groups": [
          {"master_weights": true, "stochastic_rounding": false, "state_dtype": null}]} | null}
 
-JSON, so reading it runs nothing. ``save`` writes it before the tensors
-(a temporary file, fsync'ed, renamed over the old one): DCP renames
-``.metadata`` into place last, so a checkpoint that is complete has the
-record of the same save. ``load`` refuses a checkpoint whose precision
+and, in a checkpoint that has checksums (saved since they came in),
+``"checksums": {"algorithm": "xxh3_64", ".metadata": {"size": ...,
+"segments": [...]}}`` (_checksums.py).
+
+JSON, so reading it runs nothing. ``save`` writes it into the version
+directory after DCP has written the tensors and ``.metadata`` (a
+temporary file, fsync'ed, renamed; the directory fsync'ed, which makes
+every name DCP put there durable too) and before the version is
+published (_versions.py). ``load`` refuses a checkpoint whose precision
 options (``master_weights`` / ``stochastic_rounding`` per param group)
 differ from the optimizer's, naming both; a different mesh is allowed --
 that is resharding. A checkpoint without a record (written by an older
@@ -75,10 +80,17 @@ def describe(model, optimizer) -> dict[str, Any]:
             "precision": _precision(model), "optimizer": opt}
 
 
+def write_json(file: str, data: Any) -> None:
+    """`data` as JSON in `file`, atomically and durably
+    (``xla_amp.checkpoint.write_atomic``: temporary file, fsync, rename,
+    directory fsync). Every JSON file of a sharded checkpoint is written so."""
+    text = json.dumps(data, indent=1) + "\n"
+    write_atomic(file, lambda f: f.write(text.encode()))
+
+
 def write(path: str, record: dict[str, Any]) -> None:
-    """`record` as ``path/FILE``, atomically (``xla_amp.checkpoint.write_atomic``)."""
-    text = json.dumps(record, indent=1) + "\n"
-    write_atomic(os.path.join(path, FILE), lambda f: f.write(text.encode()))
+    """`record` as ``path/FILE`` (:func:`write_json`)."""
+    write_json(os.path.join(path, FILE), record)
 
 
 def read(path: str, who: str) -> dict[str, Any] | None:
