@@ -181,6 +181,13 @@ class Fp8Linear(nn.Module):
             self.register_buffer("fp8_amax_pending", torch.zeros(3, device=dev))
 
     @property
+    def per_call_buffers(self) -> tuple[str, ...]:
+        """The buffers that describe the last call rather than the training
+        state (the diagnostics; under dynamic scaling the scales that call
+        computed): every call rewrites them, a skipped step included."""
+        return ("fp8_stats",) + (("fp8_scale",) if self.recipe.scaling == "dynamic" else ())
+
+    @property
     def in_features(self) -> int:
         return self.weight.shape[0 if self.transposed else 1]
 
