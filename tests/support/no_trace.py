@@ -5,7 +5,7 @@ histories, pending amaxes and scales) and in the optimizer's state_dict
 hyper-parameters), walked whatever their keys are, less the buffers a
 module declares as describing its last call (``per_call_buffers``) -- a new piece of state
 is checked without being named anywhere. Used by the whole-model skip
-tests of every entry point (tests/scaler/test_no_trace.py, the
+tests of every entry point (tests/fp8/test_fp8_no_trace.py, the
 integrations, the launcher)."""
 from __future__ import annotations
 

@@ -29,6 +29,7 @@ import contextlib
 import functools
 import threading
 
+import torch
 import transformers
 import transformers.trainer
 
@@ -74,6 +75,23 @@ class XLAAMPTrainerMixin:
     def create_accelerator_and_postprocess(self) -> None:
         with _trainer_accelerator(functools.partial(Accelerator, **self._xla_amp_options)):
             super().create_accelerator_and_postprocess()
+
+    def training_step(self, *args, **kwargs):
+        """The Trainer's step; the loss it returns (what the Trainer adds to
+        the running loss it logs) goes through ``logging_nan_inf_filter`` on
+        the device. The Trainer skips that filter on XLA, where it would read
+        the loss back, so one overflowing step -- the one the GradScaler
+        skips -- made the logged loss inf, and NaN for the rest of the run
+        (the running loss is reset by subtracting it from itself). The stand-in
+        is the one the Trainer's filter adds: the running loss divided by one
+        more than the steps since the last log. No transfer."""
+        loss = super().training_step(*args, **kwargs)
+        running = getattr(self, "_tr_loss", None)
+        if (not self.args.logging_nan_inf_filter or not isinstance(running, torch.Tensor)
+                or not transformers.trainer.is_torch_xla_available()):
+            return loss  # off, or the Trainer filters it itself
+        since = 1 + self.state.global_step - self._globalstep_last_logged
+        return torch.where(torch.isfinite(loss), loss, running / since)
 
     def create_optimizer(self, *args, **kwargs):
         built_here = self.optimizer is None  # not one passed in with its scheduler
