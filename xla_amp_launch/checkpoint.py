@@ -1,15 +1,23 @@
 """The launchers' checkpoints (--checkpoint, --resume, --auto_resume,
 --keep_checkpoints): model, optimizer, scaler, data position and the
-training record in one file, through ``xla_amp.checkpoint``.
+training record in one file, through ``xla_amp.checkpoint`` (which writes
+a checksum of every tensor into it and verifies them on reading).
 
     ck = Checkpoints.from_flags(FLAGS)   # the path's lock, or exit 73
     state = ck.resume_state(compat)      # --resume / --auto_resume: data only
     ck.save(run, position)               # atomic; CheckpointError on an OS failure
 
-Exit statuses (docs/launchers.md): 73 another run holds --checkpoint;
-74 a checkpoint could not be written (the previous one is intact);
-75 stopped by SIGTERM/SIGINT after writing the checkpoint (restart with
---auto_resume).
+A damaged file is never written over. --resume of one: exit 2, one line.
+--auto_resume resumes from the newest intact file of --checkpoint,
+--checkpoint.1, ... (--keep_checkpoints): each damaged newer one is first
+renamed to PATH.damaged (one line each), so the next save's rotation never
+moves it over an intact one; with no intact one it stops with exit 2 and
+changes nothing.
+
+Exit statuses (docs/launchers.md): 2 a refused or damaged resume file;
+73 another run holds --checkpoint; 74 a checkpoint could not be written
+(the previous one is intact); 75 stopped by SIGTERM/SIGINT after writing
+the checkpoint (restart with --auto_resume).
 """
 from __future__ import annotations
 
@@ -21,6 +29,10 @@ FORMAT = "xla_amp-launcher-checkpoint/2"
 OLD_FORMAT = "xla_amp-launcher-checkpoint/1"   # launchers before the training record
 # configuration a resume converts (xla_amp.checkpoint.restore) instead of refusing
 CONVERTED = ("precision", "amp")
+# The exit status of a refused resume: a --resume file that is damaged,
+# hostile or of another configuration, or an --auto_resume with no intact
+# checkpoint (also absl's status for bad flags).
+EXIT_BAD_RESUME = 2
 
 
 def fail(status: int, message: str):
@@ -37,9 +49,8 @@ class Checkpoints:
         self.path = os.path.abspath(path) if path else None
         self.keep = keep
         self.allow_rounding = allow_rounding
-        self.resume = resume
-        if auto_resume and self.path and os.path.exists(self.path):
-            self.resume = self.path
+        self.resume = resume             # --auto_resume: set by resume_state
+        self.auto_resume = bool(auto_resume and self.path)
         self.lock = None
 
     @classmethod
@@ -68,23 +79,69 @@ class Checkpoints:
             self.lock.release()
 
     def resume_state(self, compat: dict) -> Optional[dict]:
-        """The state to resume from (None: start fresh), read as data only
-        and checked against this run's configuration."""
+        """The state to resume from (None: start fresh), read as data only,
+        verified against its checksums and checked against this run's
+        configuration."""
         from xla_amp import checkpoint as c
-        if not self.resume:
+        damaged: list = []
+        if self.auto_resume:
+            state, damaged = self._newest_intact()
+        elif self.resume:
+            try:
+                state = c.load(self.resume, format=(FORMAT, OLD_FORMAT), what="--resume file")
+            except c.CheckpointError as e:
+                fail(EXIT_BAD_RESUME, str(e))
+        else:
+            state = None
+        if state is None:
             return None
-        what = "--resume file"
-        try:
-            state = c.load(self.resume, format=(FORMAT, OLD_FORMAT), what=what)
-        except c.CheckpointError as e:
-            fail(2, str(e))
         saved = state.get("compat", {})
         diffs = [f"--{k}={saved.get(k)!r} there, --{k}={v!r} here"
                  for k, v in compat.items() if saved.get(k) != v and k not in CONVERTED]
         if diffs:
-            fail(2, f"{what} {self.resume} was written by a different configuration: "
-                    + "; ".join(diffs))
+            fail(EXIT_BAD_RESUME, f"--resume file {self.resume} was written by a different "
+                                  "configuration: " + "; ".join(diffs))
+        self._set_aside(damaged)
         return state
+
+    def _newest_intact(self) -> tuple[Optional[dict], list]:
+        """--auto_resume: the state of the newest of --checkpoint, .1, .2, ...
+        that exists and is intact (None: none exists, start fresh), and the
+        damaged newer ones as (path, error). Stops the run (exit 2, nothing
+        changed) when every file there is damaged or one is refused."""
+        from xla_amp import checkpoint as c
+        from xla_amp.checkpoint._files import older
+        names = [self.path, *(older(self.path, k) for k in range(1, self.keep))]
+        damaged = []
+        for name in (n for n in names if os.path.exists(n)):
+            try:
+                state = c.load(name, format=(FORMAT, OLD_FORMAT), what="--checkpoint file")
+            except c.CheckpointDamaged as e:
+                damaged.append((name, e))
+                continue
+            except c.CheckpointError as e:
+                fail(EXIT_BAD_RESUME, str(e))
+            self.resume = name
+            if name != self.path and not damaged:
+                print(f"note: --checkpoint file {self.path} is not there; resuming from "
+                      f"{name}, the newest one kept", file=sys.stderr, flush=True)
+            return state, damaged
+        if not damaged:
+            return None, []
+        also = [n for n, _ in damaged[1:]]
+        fail(EXIT_BAD_RESUME,
+             f"{damaged[0][1]}"
+             + (f" (damaged too: {', '.join(also)})" if also else "")
+             + f"; no intact older checkpoint to resume from (--keep_checkpoints {self.keep});"
+               " nothing was changed: move the damaged file away to start fresh")
+
+    def _set_aside(self, damaged: list) -> None:
+        """Rename each damaged file out of the rotation (one line each)."""
+        from xla_amp.checkpoint._files import set_aside
+        for name, e in damaged:
+            aside = set_aside(name)
+            print(f"warning: {e}; moved to {aside}; resuming from {self.resume}, the newest "
+                  "intact checkpoint", file=sys.stderr, flush=True)
 
     def restore(self, state: dict, run_objects: dict) -> list[str]:
         """Load `state` into the run's model, optimizer and scaler, converted
@@ -95,8 +152,8 @@ class Checkpoints:
         try:
             return c.restore(state, allow_rounding=self.allow_rounding, **run_objects)
         except (c.CheckpointError, ValueError) as e:
-            fail(2, f"--resume file {self.resume}: "
-                    + str(e).replace("allow_rounding=True", "--resume_allow_rounding"))
+            fail(EXIT_BAD_RESUME, f"--resume file {self.resume}: "
+                 + str(e).replace("allow_rounding=True", "--resume_allow_rounding"))
 
     def save(self, run, position: dict) -> None:
         """Write the checkpoint (raises xla_amp.checkpoint.CheckpointError on

@@ -50,8 +50,9 @@ def define_flags(*, batch_size: int, num_epochs: int, lr: float, optimizer: str 
                         "module names = a policy name or fp32).")
     flags.DEFINE_enum("optimizer", optimizer, list(OPTIMIZERS), "Optimizer.")
     flags.DEFINE_bool("syncfree", True, "Use xla_amp.syncfree optimizers (the step is "
-                      "skipped on overflow inside the graph); --nosyncfree uses torch.optim, "
-                      "which costs a host sync per step under GradScaler.")
+                      "skipped on overflow inside the graph); --nosyncfree uses torch.optim "
+                      "(Adam/AdamW with capturable=True), undone on overflow by the "
+                      "GradScaler's masked step.")
     flags.DEFINE_integer("batch_size", batch_size, "Global training batch size.", lower_bound=1)
     flags.DEFINE_integer("eval_batch_size", eval_batch_size,
                          "Evaluation batch size (default: --batch_size).", lower_bound=1)
@@ -92,9 +93,13 @@ def define_flags(*, batch_size: int, num_epochs: int, lr: float, optimizer: str 
                         "with one line and exit status 74, the previous file intact.")
     flags.DEFINE_bool("auto_resume", False, "Resume from the --checkpoint file if it exists, "
                       "otherwise start fresh: one command line for the first start and every "
-                      "restart (docs/launchers.md, preemptible VMs).")
+                      "restart (docs/launchers.md, preemptible VMs). A damaged file (checksum "
+                      "mismatch, torn) is moved to PATH.damaged and the newest intact one of "
+                      "--keep_checkpoints is used; with none, exit status 2, nothing changed.")
     flags.DEFINE_integer("keep_checkpoints", 1, "Keep this many checkpoints: the newest at "
-                         "--checkpoint, older ones at --checkpoint.1, .2, ...", lower_bound=1)
+                         "--checkpoint, older ones at --checkpoint.1, .2, ... (what "
+                         "--auto_resume falls back to when a newer one is damaged)",
+                         lower_bound=1)
     flags.DEFINE_bool("resume_allow_rounding", False, "On a resume into bf16 weights without "
                       "a master copy (--precision bf16 / bf16_sr) from float32 values, round "
                       "them to nearest instead of refusing (docs/precision_modes.md).")
@@ -102,7 +107,8 @@ def define_flags(*, batch_size: int, num_epochs: int, lr: float, optimizer: str 
                          "(0: only at epoch ends and at the end).", lower_bound=0)
     flags.DEFINE_string("resume", None, "Resume from this checkpoint file: model, optimizer, "
                         "scaler and data position, converted to this run's --precision where "
-                        "that is exact (refused in one line otherwise). Read as data only.")
+                        "that is exact (refused in one line otherwise). Read as data only and "
+                        "verified against its checksums (a damaged file: exit status 2).")
     flags.DEFINE_float("target_accuracy", None, "Exit with status 1 unless the final "
                        "held-out accuracy (percent) reaches this.",
                        lower_bound=0.0, upper_bound=100.0)

@@ -91,9 +91,12 @@ def make_optimizer(params, name: str, syncfree: bool, lr: float, momentum: float
     if name == "sgd":
         return ns.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay,
                       **low_precision)
+    # torch.optim's Adam family: the step count on the device (capturable), so
+    # the GradScaler's masked step needs no host sync (docs/sync_free.md)
+    extra = {} if syncfree else {"capturable": True}
     if name == "adam":
-        return ns.Adam(params, lr=lr, weight_decay=weight_decay, **low_precision)
-    return ns.AdamW(params, lr=lr, weight_decay=weight_decay or 1e-2, **low_precision)
+        return ns.Adam(params, lr=lr, weight_decay=weight_decay, **low_precision, **extra)
+    return ns.AdamW(params, lr=lr, weight_decay=weight_decay or 1e-2, **low_precision, **extra)
 
 
 def make_forward_loss(model, device, autocast_kw: dict, compile: bool) -> Callable:
@@ -201,10 +204,10 @@ def setup(task: Task, devices: Devices, ck: Checkpoints) -> Run:
     position = {"epoch": 0, "step": 0, "global_step": 0}
     state = ck.resume_state(compat)         # --resume / --auto_resume: data only
     if state is not None and state.get("compat", {}).get("fp8") != compat.get("fp8"):
-        from xla_amp_launch.checkpoint import fail
+        from xla_amp_launch.checkpoint import EXIT_BAD_RESUME, fail
         fp8_of = lambda c: f"--fp8 --fp8_scaling {c['fp8']}" if c.get("fp8") else "no --fp8"  # noqa: E731
-        fail(2, f"--resume file {ck.resume} was written with {fp8_of(state.get('compat', {}))}, "
-                f"this run has {fp8_of(compat)}")
+        fail(EXIT_BAD_RESUME, f"--resume file {ck.resume} was written with "
+                              f"{fp8_of(state.get('compat', {}))}, this run has {fp8_of(compat)}")
     if state is not None:
         notes = ck.restore(state, dict(model=model, optimizer=optimizer, scaler=scaler,
                                        amp_dtype=amp_dtype))

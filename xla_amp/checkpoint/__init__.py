@@ -16,14 +16,16 @@ one path, files from strangers, a resume in another precision mode.
 
 Writing: a unique temporary file, fsync, rename, fsync of the directory
 (``_files``); any OS failure is one :class:`CheckpointError` line naming
-the path. Reading: ``weights_only=True`` (``_read``). Locking: ``flock``
-on ``PATH.lock``, released by the kernel when its holder dies (``_lock``).
+the path. Reading: ``weights_only=True`` (``_read``). Integrity: a
+checksum of every tensor and of the rest goes into each file ``save``
+writes and is verified on reading (``_integrity``). Locking: ``flock`` on
+``PATH.lock``, released by the kernel when its holder dies (``_lock``).
 Precision: a record of how the run trained travels in the file
 (``_record``) and a resume converts exactly or refuses (``_convert``).
 docs/checkpoints.md has the whole story.
 """
 from xla_amp.checkpoint._convert import convert
-from xla_amp.checkpoint._errors import CheckpointError, CheckpointLocked
+from xla_amp.checkpoint._errors import CheckpointDamaged, CheckpointError, CheckpointLocked
 from xla_amp.checkpoint._files import remove_stale_temporaries, write_atomic
 from xla_amp.checkpoint._lock import CheckpointLock
 from xla_amp.checkpoint._preemption import (EXIT_CHECKPOINT_IO, EXIT_LOCKED, EXIT_PREEMPTED,
@@ -32,8 +34,8 @@ from xla_amp.checkpoint._read import read
 from xla_amp.checkpoint._record import infer_record, mode_name, training_record
 from xla_amp.checkpoint._state import load, restore, save, snapshot
 
-__all__ = ["CheckpointError", "CheckpointLocked", "CheckpointLock", "PreemptionGuard",
-           "preemption_guard", "EXIT_PREEMPTED", "EXIT_CHECKPOINT_IO", "EXIT_LOCKED",
-           "save", "load", "restore", "snapshot", "read", "write_atomic",
+__all__ = ["CheckpointError", "CheckpointLocked", "CheckpointDamaged", "CheckpointLock",
+           "PreemptionGuard", "preemption_guard", "EXIT_PREEMPTED", "EXIT_CHECKPOINT_IO",
+           "EXIT_LOCKED", "save", "load", "restore", "snapshot", "read", "write_atomic",
            "remove_stale_temporaries", "training_record", "infer_record", "mode_name",
            "convert"]

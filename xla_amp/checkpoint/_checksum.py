@@ -9,6 +9,7 @@ the data-only reader, not by this.
 
     h = hasher(); h.update(chunk); ...; h.hexdigest()     # a stream of bytes
     tensor_digest(t)                                       # a host tensor's bytes
+    finish_tensor(h, t)        # the same, from a hasher already fed t's bytes
 """
 from __future__ import annotations
 
@@ -41,6 +42,13 @@ def tensor_digest(t) -> str:
     """The checksum of a host tensor's bytes, with its dtype and shape, so
     that a tensor reinterpreted as another dtype or shape does not match."""
     h = hasher()
-    h.update(f"{str(t.dtype)}{tuple(t.shape)}".encode())
     h.update(tensor_bytes(t))
+    return finish_tensor(h, t)
+
+
+def finish_tensor(h, t) -> str:
+    """``tensor_digest(t)`` from a hasher already fed `t`'s bytes. The dtype
+    and shape go in after the bytes, so a reader can hash a storage while it
+    is read from the file, before the tensor built on it exists."""
+    h.update(f"{str(t.dtype)}{tuple(t.shape)}".encode())
     return h.hexdigest()

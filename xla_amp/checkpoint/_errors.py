@@ -13,6 +13,12 @@ class CheckpointLocked(CheckpointError):
     """Another live process holds the checkpoint path's lock."""
 
 
+class CheckpointDamaged(CheckpointError):
+    """The file's bytes are not what was written: a tensor or the plain data
+    does not match the checksum saved with it, or the file is torn or
+    garbled so that torch cannot read it. Nothing was loaded from it."""
+
+
 def os_reason(e: OSError) -> str:
     """``"No space left on device [ENOSPC]"``: the OS's words and the code."""
     code = errno.errorcode.get(e.errno or 0)

@@ -71,6 +71,25 @@ def older(path: str, k: int) -> str:
     return f"{path}.{k}"
 
 
+def set_aside(path: str, reason: str = "damaged") -> str:
+    """Rename `path` to the first free name of ``PATH.damaged``,
+    ``PATH.damaged.2``, ... (out of the rotation's way: older versions are
+    ``PATH.<k>``), fsync the directory and return the new name. Call it
+    holding the path's lock. :class:`CheckpointError` on an OS failure."""
+    path = os.path.abspath(os.fspath(path))
+    target, n = f"{path}.{reason}", 1
+    while os.path.lexists(target):
+        n += 1
+        target = f"{path}.{reason}.{n}"
+    try:
+        os.rename(path, target)
+        _fsync_dir(os.path.dirname(path))
+    except OSError as e:
+        raise CheckpointError(f"cannot move checkpoint {path} aside to {target}: "
+                              f"{os_reason(e)}") from None
+    return target
+
+
 def _rotate(path: str, keep: int) -> None:
     """Shift the kept older checkpoints one place down and link the current
     one as the first of them (a hard link: no copy, and `path` stays)."""

@@ -1,6 +1,7 @@
 """Whole-run checkpoints: model, optimizer, scaler, the training record and
 anything else the loop keeps, in one file written by ``_files`` and read
-by ``_read``.
+by ``_read``, with a checksum of every tensor and of the rest
+(``_integrity``) written in and verified on reading.
 
     save(path, model=model, optimizer=opt, scaler=scaler, amp_dtype=torch.bfloat16,
          extra={"step": step}, keep=3)                    # between steps
@@ -20,6 +21,7 @@ from typing import Any, Optional
 
 import torch
 
+from xla_amp.checkpoint import _integrity
 from xla_amp.checkpoint._convert import convert
 from xla_amp.checkpoint._errors import CheckpointError
 from xla_amp.checkpoint._files import write_atomic
@@ -36,21 +38,22 @@ def to_cpu(obj):
     if isinstance(obj, dict):
         return {k: to_cpu(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(to_cpu(v) for v in obj)
+        items = [to_cpu(v) for v in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
     return obj
 
 
 def snapshot(model, optimizer=None, scaler=None, *, amp_dtype=None, mesh=None,
              extra: Optional[dict] = None, format: str = FORMAT) -> dict[str, Any]:
-    """The state to save, on the host: call between steps (after
-    ``torch_xla.sync()``)."""
+    """The state to save, on the host (`extra`'s tensors too): call between
+    steps (after ``torch_xla.sync()``)."""
     state = {"format": format,
              "model": to_cpu(model.state_dict()),
              "optimizer": None if optimizer is None else to_cpu(optimizer.state_dict()),
              "scaler": {} if scaler is None else scaler.state_dict(),
              "record": training_record(model, optimizer, scaler, amp_dtype=amp_dtype,
                                        mesh=mesh)}
-    state.update(extra or {})
+    state.update(to_cpu(dict(extra or {})))
     return state
 
 
@@ -59,18 +62,24 @@ def save(path: str | os.PathLike, *, model, optimizer=None, scaler=None, amp_dty
          format: str = FORMAT) -> None:
     """Write the run's state to `path` atomically (``_files.write_atomic``),
     keeping ``keep - 1`` older versions. `extra`: more plain data (the data
-    position, the step). :class:`CheckpointError` (one line) on any OS
-    failure; the previous checkpoint is then intact."""
+    position, the step). The file carries a checksum of every tensor and of
+    the rest (``_integrity``), taken from the host copies it writes.
+    :class:`CheckpointError` (one line) on any OS failure; the previous
+    checkpoint is then intact."""
     state = snapshot(model, optimizer, scaler, amp_dtype=amp_dtype, mesh=mesh, extra=extra,
                      format=format)
+    if _integrity.enabled:
+        state = _integrity.with_checksums(state)
     write_atomic(path, lambda f: torch.save(state, f), keep=keep)
 
 
 def load(path: str | os.PathLike, *, format: str | tuple[str, ...] = FORMAT,
          what: str = "checkpoint") -> dict:
-    """The state in `path`, read as data only (``_read.read``);
-    :class:`CheckpointError` unless it is a checkpoint of `format` (one of
-    them, for a tuple)."""
+    """The state in `path`, read as data only and verified against its
+    checksums (``_read.read``; a file from before checksums is not
+    verified); :class:`CheckpointError` unless it is a checkpoint of
+    `format` (one of them, for a tuple), :class:`CheckpointDamaged` when
+    it does not match its checksums or cannot be read as a checkpoint."""
     formats = (format,) if isinstance(format, str) else tuple(format)
     state = read(path, what=what)
     if not isinstance(state, dict) or state.get("format") not in formats:
