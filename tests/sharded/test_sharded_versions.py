@@ -135,6 +135,20 @@ def refused(path, device):
     return text
 
 
+def test_a_damaged_data_file_is_checkpoint_damaged(saved, device):
+    """The same class a damaged single-file checkpoint raises."""
+    from xla_amp.checkpoint import CheckpointDamaged
+    path, where, pristine, _ = saved
+    flip(os.path.join(where, "__0_0.distcp"), len(pristine) // 2)
+    try:
+        model, opt, scaler = fresh(device)
+        with pytest.raises(CheckpointDamaged):
+            sharded.load(path, model=model, optimizer=opt, scaler=scaler)
+    finally:
+        with open(os.path.join(where, "__0_0.distcp"), "wb") as f:
+            f.write(pristine)
+
+
 def test_flipped_bytes_anywhere_in_a_data_file_name_the_damaged_tensor(device, saved):
     path, where, pristine, snap = saved
     data = os.path.join(where, "__0_0.distcp")

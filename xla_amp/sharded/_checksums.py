@@ -27,7 +27,7 @@ Reading. ``load`` checks ``.metadata`` against the record before unpickling
 it, then, from its own read plan, the segments of the data files it is
 about to read (every segment that holds a byte it reads), before a value
 moves. A file of another size, or a segment whose checksum differs, is one
-line of :class:`CheckpointError` naming the file and the first tensor (or
+line of :class:`CheckpointDamaged` naming the file and the first tensor (or
 entry) whose bytes are not what was written. A checkpoint whose record has
 no ``checksums`` (written before them, or by plain DCP) is not verified.
 """
@@ -42,7 +42,7 @@ from typing import Any
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
 
 from xla_amp.checkpoint._checksum import ALGORITHM, hasher
-from xla_amp.checkpoint._errors import CheckpointError
+from xla_amp.checkpoint._errors import CheckpointDamaged
 from xla_amp.sharded._checkpoint_record import FILE as RECORD, write_json
 
 SIDECAR = "checksums.json"   # __<rank>_checksums.json
@@ -146,8 +146,8 @@ class Writer(FileSystemWriter):
         return {"algorithm": ALGORITHM, ".metadata": self.fs.written[_METADATA_TMP]}
 
 
-def _damaged(who: str, file: str, why: str) -> CheckpointError:
-    return CheckpointError(f"{who}: {file} is damaged: {why}; nothing was loaded")
+def _damaged(who: str, file: str, why: str) -> CheckpointDamaged:
+    return CheckpointDamaged(f"{who}: {file} is damaged: {why}; nothing was loaded")
 
 
 def _label(index) -> str:
