@@ -68,10 +68,13 @@ def test_wheel_builds_installs_and_runs_outside_the_checkout(tmp_path):
                               capture_output=True, text=True, check=True).stdout
     assert ".text" in sections and ".debug_info" not in sections
 
-    pins = {_normalized(r) for r in meta.get_all("Requires-Dist") if ";" not in r}
+    requires = [r for r in meta.get_all("Requires-Dist") if ";" not in r]
+    pins = {_normalized(r) for r in requires if "==" in r}
     want = {_version_check.requirement(p, importlib.metadata.version(p))
             for p in _version_check.PACKAGES}
     assert pins == want, pins          # here: torch==2.9.*, torch_xla==2.9.*
+    # and the checkpoints' checksum library (xla_amp/checkpoint/_checksum.py)
+    assert [r.replace(" ", "") for r in requires if "==" not in r] == ["xxhash>=3"], requires
     assert meta["Version"] == xla_amp.__version__ and meta["Requires-Python"] == ">=3.11"
 
     install = subprocess.run(
