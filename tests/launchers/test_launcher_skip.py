@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.support.launch import MNIST_TINY, launch, launch_side_by_side, summary
-from tests.support.no_trace import moved
+from tests.support.no_trace import flatten, moved
 from xla_amp import checkpoint
 from xla_amp.checkpoint import _integrity
 
@@ -22,18 +22,10 @@ FP8 = ["--fp8", "--policy", "cuda"]
 
 
 def _flat(state: dict) -> dict:
-    out = {}
-    for part in ("model", "optimizer"):
-        stack = [(part, state[part])]
-        while stack:
-            path, obj = stack.pop()
-            if isinstance(obj, torch.Tensor):
-                out[path] = obj
-            elif isinstance(obj, dict):
-                stack += [(f"{path}/{k}", v) for k, v in obj.items()]
-            elif isinstance(obj, (list, tuple)):
-                stack += [(f"{path}/{i}", v) for i, v in enumerate(obj)]
-    return {k: v for k, v in out.items() if not k.endswith(".fp8_stats")}  # per call
+    """The checkpoint's model and optimizer tensors by path, less fp8's
+    per-call diagnostics."""
+    out = flatten("optimizer", state["optimizer"], flatten("model", state["model"]))
+    return {k: v for k, v in out.items() if not k.endswith(".fp8_stats")}
 
 
 def _with_scale(src, dst, scale):

@@ -12,15 +12,18 @@ from __future__ import annotations
 import torch
 
 
-def _walk(prefix: str, obj, out: dict) -> None:
+def flatten(prefix: str, obj, out: dict | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor in `obj` (nested dicts, lists, tuples) by its path."""
+    out = {} if out is None else out
     if isinstance(obj, torch.Tensor):
         out[prefix] = obj
     elif isinstance(obj, dict):
         for k, v in obj.items():
-            _walk(f"{prefix}/{k}", v, out)
+            flatten(f"{prefix}/{k}", v, out)
     elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
-            _walk(f"{prefix}/{i}", v, out)
+            flatten(f"{prefix}/{i}", v, out)
+    return out
 
 
 def training_state(model=None, optimizer=None) -> dict[str, torch.Tensor]:
@@ -31,11 +34,11 @@ def training_state(model=None, optimizer=None) -> dict[str, torch.Tensor]:
     torch_xla.sync()
     found: dict[str, torch.Tensor] = {}
     if model is not None:
-        _walk("model", model.state_dict(), found)
+        flatten("model", model.state_dict(), found)
         for name in per_call(model):
             del found[f"model/{name}"]
     if optimizer is not None:
-        _walk("optimizer", optimizer.state_dict(), found)
+        flatten("optimizer", optimizer.state_dict(), found)
     return {k: v.detach().cpu().clone() for k, v in found.items()}
 
 
