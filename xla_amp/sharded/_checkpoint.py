@@ -265,8 +265,8 @@ def load(path: str | os.PathLike, *, model, optimizer=None, scaler=None) -> None
     optimizer options; any mesh). `path` is what :func:`save` was given
     (its newest version is read) or one of ``versions(path)``. The
     checksums of ``.metadata`` and of every byte this process reads are
-    checked first (a mismatch: ``CheckpointError`` naming the file and
-    the first damaged tensor). Every key, global shape and dtype is
+    checked first (a mismatch: ``CheckpointDamaged``, a ``CheckpointError``,
+    naming the file and the first damaged tensor). Every key, global shape and dtype is
     compared with the checkpoint first, and the precision options with its
     record: a difference raises ``ValueError`` naming it, with nothing
     changed. Shards are then read straight into the device tensors; each
