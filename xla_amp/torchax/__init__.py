@@ -7,6 +7,9 @@ sync-free steps for models torchax runs.
     make_train_step     model + loss + optimizer + policy + scaler -> one
                         jitted step (_step.py), optax or torch.optim optimizers
     (fp8)               xla_amp.fp8's layers on torchax tensors (_fp8.py)
+    initialize_distributed  jax.distributed.initialize with timeouts and a
+                        watchdog: a lost process ends the others, named
+                        (_distributed.py)
 
 torchax's internals are reached through _hook.py only; versions are checked
 (_pins.py) before torchax is imported, which _compat.py then does (on torch
@@ -24,5 +27,7 @@ from xla_amp.torchax._region import autocast, module_policies  # noqa: E402
 from xla_amp.torchax._scaler import LossScaler  # noqa: E402
 from xla_amp.torchax._step import TrainStep, make_train_step  # noqa: E402
 from xla_amp.torchax import _fp8  # noqa: E402,F401  (fp8 layers on torchax tensors)
+from xla_amp.torchax._distributed import initialize_distributed  # noqa: E402
 
-__all__ = ["autocast", "module_policies", "LossScaler", "TrainStep", "make_train_step"]
+__all__ = ["autocast", "module_policies", "LossScaler", "TrainStep", "make_train_step",
+           "initialize_distributed"]
