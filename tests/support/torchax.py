@@ -26,6 +26,7 @@ def to_jax(tensors):
 TORCHAX_CANNOT_RUN = {
     "aten::conv_tbc": "OperatorNotFound",
     "aten::ctc_loss.Tensor": "OperatorNotFound",
+    "aten::ctc_loss.IntList": "OperatorNotFound",
     "aten::_convolution.deprecated": "OperatorNotFound",
     "aten::_convolution": "OperatorNotFound",
     "aten::frobenius_norm": "AttributeError",
@@ -60,4 +61,14 @@ JAX_DTYPE = {torch.int64: torch.int32}
 DIRECT_COMPOSITE_CALLS = {
     "aten::linalg_matrix_rank.tol_tensor": "NotImplementedError",
     "aten::linalg_matrix_rank.atol_rtol_tensor": "RuntimeError",
+}
+
+# Output dtypes that differ from the torch_xla engine's, with the reason
+# (docs/torchax.md, "Parity"): (policy, case key, input dtype) -> why.
+KNOWN_DIFFERENCES = {
+    (policy, "aten::pinverse", torch.float32): (
+        "torchax lowers linalg_pinv in one piece of JAX (float32 through), while "
+        "PyTorch's kernel for it calls matmul, which this policy lists: torch_xla "
+        "returns bfloat16")
+    for policy in ("tpu", "cuda")
 }

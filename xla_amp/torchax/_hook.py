@@ -10,7 +10,10 @@ functions) and ``XLADispatchMode`` (aten overloads), hand each call to
 method on one environment instance is the narrowest interception there is.
 What else is private and used here: a tensor's ``_elem`` (its JAX array),
 ``Environment._get_op_or_decomp`` (does
-torchax lower an op?), ``torchax.tensor.OperatorNotFound`` (it does not)
+torchax lower an op?), ``Environment._ops`` / ``_decomps`` (its own
+lowerings / PyTorch's decompositions), ``Environment._function_mode`` (the
+mode a Python-level call reaches torchax through),
+``torchax.tensor.OperatorNotFound`` (it does not)
 and ``torchax.view.View`` (a lazy view, materialised before a cast).
 tests/torchax/test_torchax_hlo.py::test_hook_pins_torchax_internals pins each of these against the installed torchax.
 Upstream note (docs/torchax.md): a public per-environment dispatch hook would
@@ -63,6 +66,44 @@ def has_lowering(env, func) -> bool:
         return True
     except OperatorNotFound:
         return False
+
+
+def environment_of(dispatch) -> Environment:
+    """The environment whose (unwrapped) ``dispatch`` method this is."""
+    return dispatch.__self__
+
+
+def lowered(env, func) -> bool:
+    """Whether torchax has a lowering of its own for `func` (not a decomposition)."""
+    return _lookup(env._ops, func) is not None
+
+
+def lowered_in_jax(env, func) -> bool:
+    """Whether torchax's own lowering of `func` is JAX code (no torch op
+    inside it meets autocast), not torch ops it dispatches again."""
+    found = _lookup(env._ops, func)
+    return found is not None and found.is_jax_function
+
+
+def decomposed(env, func) -> bool:
+    """Whether torchax runs `func` through one of PyTorch's decompositions."""
+    return _lookup(env._ops, func) is None and _lookup(env._decomps, func) is not None
+
+
+def _lookup(table, func):
+    # as Environment._get_op_or_decomp looks an op up (overload, then its packet)
+    found = table.get(func)
+    if found is None and isinstance(func, torch._ops.OpOverloadPacket):
+        found = table.get(func.default)
+    if found is None and isinstance(func, torch._ops.OpOverload):
+        found = table.get(func.overloadpacket)
+    return found
+
+
+def function_mode(env):
+    """torchax's TorchFunctionMode of `env` (Python-level calls reach
+    ``env.dispatch`` through it; it is popped while it handles a call)."""
+    return env._function_mode
 
 
 def is_device_tensor(value) -> bool:

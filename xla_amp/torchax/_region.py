@@ -16,9 +16,17 @@ Algorithm::
             "off": an inner region turns autocast off, as torch.autocast does)
     exit:   pop what enter pushed, also on exceptions
     op:     (every call torchax dispatches, Python-level and aten)
-            no region open, autocast off, or inside a cast op -> run as is
+            no region open, autocast off -> run as is
+            inside a categorized op -> run as is, except inside a
+                lower_precision_fp op: its lower_precision_fp ops (a
+                decomposition's dot) in the region's dtype, a softmax in
+                float32
             category of the op under the innermost region's rules:
-                none -> run as is (its decomposition is still autocast)
+                none -> the policy's XLA adaptation, if any; a Python body
+                        torchax does not lower, or a composite it lowers its
+                        own way, runs where the policy sees the calls inside
+                        it (_paths.py); else run as is (what it decomposes
+                        into is still autocast)
                 else -> cast the inputs (_rules.apply), run with autocast
                         suspended; a Python-level function torchax does not
                         lower runs its PyTorch decomposition on the cast inputs
@@ -31,11 +39,12 @@ from __future__ import annotations
 import contextlib
 import threading
 
+import jax
 import torch
 
 from xla_amp import policies
 from xla_amp.policies._policy import Policy
-from xla_amp.torchax import _batch_norm, _hook, _rules
+from xla_amp.torchax import _batch_norm, _hook, _paths, _rules
 
 # JAX backend -> xla_amp hardware name (policies.HARDWARE_POLICY's keys)
 _BACKEND_HARDWARE = {"tpu": "TPU", "gpu": "CUDA", "cuda": "CUDA", "rocm": "CUDA",
@@ -54,7 +63,7 @@ def _stack() -> list:
     stack = getattr(_state, "stack", None)
     if stack is None:
         stack = _state.stack = []
-        _state.suspended = 0
+        _state.within = []
     return stack
 
 
@@ -66,12 +75,15 @@ def current() -> tuple[_rules.Rules, torch.dtype] | None:
 
 
 @contextlib.contextmanager
-def _suspended():
-    _state.suspended += 1
+def _suspended(category: str | None = None):
+    """Autocast suspended for what runs inside an op of `category` (None:
+    an adaptation, or xla_amp's own bookkeeping)."""
+    within = _state.__dict__.setdefault("within", [])
+    within.append(category)
     try:
         yield
     finally:
-        _state.suspended -= 1
+        within.pop()
 
 
 def _on_dispatch(original, func, types, args, kwargs):
@@ -85,39 +97,94 @@ def _on_dispatch(original, func, types, args, kwargs):
 
 
 def _dispatch(stack, original, func, types, args, kwargs):
-    if not stack or _state.suspended or stack[-1] is None:
+    if not stack or stack[-1] is None:
         return original(func, types, args, kwargs)
     rules, dtype = stack[-1]
-    category = rules.lookup(func)
+    if _state.within:
+        return _inner(rules, dtype, original, func, types, args, kwargs)
+    category = rules.lookup(func, args, kwargs)
     if category is None:
-        return _adapted(original, rules, func, types, args, kwargs)
+        return _uncategorized(original, rules, func, types, args, kwargs)
     kwargs = kwargs or {}
     plan = _rules.apply(rules, category, func, args, kwargs, dtype)
     if plan is not None:
         func, args, kwargs = plan
-    with _suspended():
-        try:
-            return original(func, types, args, kwargs)
-        except _hook.OperatorNotFound:
-            if isinstance(func, torch._ops.OpOverload):
-                raise
+    with _suspended(category):
+        return _run(original, func, types, args, kwargs)
+
+
+def _run(original, func, types, args, kwargs):
+    try:
+        return original(func, types, args, kwargs)
+    except _hook.OperatorNotFound:
+        if isinstance(func, torch._ops.OpOverload):
+            raise
+        with jax.named_scope(_paths.scope_name(func)):  # what the ops inside came from
             return func(*args, **kwargs)  # torchax's own fallback, on the cast inputs
 
 
+_LOW = "lower_precision_fp"
+
+
+def _inner(rules, dtype, original, func, types, args, kwargs):
+    """A call made inside a categorized op: not cast again, except inside a
+    lower_precision_fp op whose decomposition or torch-level lowering calls
+    (a) an op the policy lists in lower_precision_fp: cast to `dtype`
+    (baddbmm's decomposition upcasts to float32 before its bmm; torch_xla's
+    lowering computes the dot in `dtype`), or (b) a softmax: float32, as
+    every PyTorch attention kernel computes it for low-precision inputs
+    (flash, memory-efficient and math paths; torchax's SDPA reference would
+    compute it in `dtype`)."""
+    if _state.within[-1] != _LOW:
+        return original(func, types, args, kwargs)
+    category = rules.lookup(func, args, kwargs)
+    if category != _LOW:
+        category = "fp32" if _rules.is_softmax(func) else None
+    if category is None:
+        return original(func, types, args, kwargs)
+    kwargs = kwargs or {}
+    plan = _rules.apply(rules, category, func, args, kwargs, dtype)
+    if plan is not None:
+        func, args, kwargs = plan
+    with _suspended(category):
+        return _run(original, func, types, args, kwargs)
+
+
+def _uncategorized(original, rules, func, types, args, kwargs):
+    """An op in no category: the policy's XLA adaptation if it has one; a
+    Python body or a composite torchax would hide from the policy runs where
+    the policy sees inside it (_paths.py)."""
+    if rules.adaptation(func) is not None:
+        return _adapted(original, rules, func, types, args, kwargs)
+    env = _hook.environment_of(original)
+    way = _paths.path(env, func, partial=rules.partial_name(func))
+    if way == "decomposition":
+        return _paths.run_decomposition(env, original, func, types, args, kwargs)
+    if way == "kernel":
+        with _suspended():
+            return _run(original, func, types, args, kwargs)
+    if isinstance(func, torch._ops.OpOverload):
+        return original(func, types, args, kwargs)
+    kwargs = kwargs or {}
+    if way == "body":
+        return _paths.run_body(env, func, args, kwargs)
+    if way == "composite" and _paths.has_device_tensor(args, kwargs):
+        try:
+            return _paths.run_composite(func, args, kwargs)
+        except Exception:  # noqa: BLE001 - an op inside it torchax cannot run
+            pass  # (no lowering, or one that fails): torchax's own lowering, then
+    return _paths.as_composite_returns(func, args, original(func, types, args, kwargs))
+
+
 def _adapted(original, rules, func, types, args, kwargs):
-    """An op in no category: the policy's XLA adaptation, if it has one."""
+    """The policy's XLA adaptation of an op in no category."""
     kind = rules.adaptation(func)
-    plan = None if kind is None else _rules.adapt(kind, args, kwargs or {})
+    plan = _rules.adapt(kind, args, kwargs or {})
     if plan is None:
         return original(func, types, args, kwargs)
     args, kwargs, out_dtype = plan
     with _suspended():
-        try:
-            out = original(func, types, args, kwargs)
-        except _hook.OperatorNotFound:
-            if isinstance(func, torch._ops.OpOverload):
-                raise
-            out = func(*args, **kwargs)
+        out = _run(original, func, types, args, kwargs)
     if out_dtype is None:
         return out
     if isinstance(out, (tuple, list)):

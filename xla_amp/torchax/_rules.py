@@ -3,9 +3,13 @@
 torchax sees two kinds of calls (see _hook.py): aten overloads, keyed here
 by the overload itself, and Python-level functions (``F.linear``,
 ``Tensor.softmax``, ``torch.conv1d``), keyed by name: PyTorch's Python API
-names its functions after the aten operators they reach, so a name the
-policy lists takes that entry's category. A few Python names differ from
-their operator (`ALIASES`). Casts follow the torch_xla engine's kernel
+names its functions after the aten operators they reach, so a name takes
+the category of its operator when the policy puts every functional overload
+of the operator in that one category. Otherwise (``pow`` under "tpu" lists
+only ``pow.Tensor_Scalar``) the name decides nothing: the call reaches the
+aten level as one overload, and that overload's entry decides (a name never
+widens a policy to overloads it does not list). A few Python names differ
+from their operator (`ALIASES`). Casts follow the torch_xla engine's kernel
 (csrc/autocast/autocast_kernel.cpp), category for category::
 
     eligible(t)         t lives in JAX, is floating and not float64
@@ -49,21 +53,23 @@ from xla_amp.torchax import _hook
 # Python-level name -> the aten operator it is (where the names differ).
 ALIASES = types.MappingProxyType({
     "__matmul__": "matmul", "__rmatmul__": "matmul",
-    "cross_entropy": "cross_entropy_loss",
     "__pow__": "pow", "__rpow__": "pow",
     "__truediv__": "div", "__rtruediv__": "div", "__div__": "div", "__rdiv__": "div",
     "true_divide": "div",
 })
-
-# Python functions torchax neither lowers nor lets it see inside (their
-# PyTorch bodies call C++ composites that decompose before torchax's dispatch
-# mode): the operator whose category governs them (the policy files' notes
-# on these names say the same).
-COMPOSITES = types.MappingProxyType({
-    "softmin": "softmax", "normalize": "linalg_vector_norm",
-    "cross_entropy": "log_softmax", "norm": "linalg_vector_norm",
+# C++ composites (CompositeImplicitAutograd) the Python API reaches as
+# builtins, each built around one op the policies list: PyTorch's dispatcher
+# decomposes them before torchax's dispatch mode sees the op inside, while
+# torch_xla's AutocastXLA key sees that op. In no category themselves, they
+# take its category (tests/torchax/test_torchax_paths.py checks each against
+# PyTorch: the op's decomposition runs inside).
+COMPOSES = types.MappingProxyType({
+    "cross_entropy_loss": "log_softmax",   # LossNLL.cpp: log_softmax, then nll_loss_nd
+    "instance_norm": "batch_norm",          # Normalization.cpp: batch_norm on a reshape
+    "nll_loss_nd": "nll_loss",              # LossNLL.cpp: nll_loss or nll_loss2d
 })
-
+# Python names whose operator takes its operands the other way round.
+REVERSED = frozenset({"__rmatmul__", "__rpow__", "__rtruediv__", "__rdiv__"})
 
 def overload_of(name: str) -> torch._ops.OpOverload:
     """The OpOverload object a dispatcher name (``aten::mm``, ``aten::pow.Scalar``) names."""
@@ -78,17 +84,28 @@ class Rules:
     policy: Policy
     by_overload: Mapping[object, str]
     by_name: Mapping[str, str]
+    partial: frozenset               # operators the policy lists some overloads of
     adapt_overload: Mapping[object, str]     # XLA adaptations, same keys
     adapt_name: Mapping[str, str]
 
-    def lookup(self, func) -> str | None:
+    def lookup(self, func, args=(), kwargs=None) -> str | None:
         if isinstance(func, torch._ops.OpOverload):
             return self.by_overload.get(func)
         name = _python_name(func)
-        cat = self.by_name.get(ALIASES.get(name, name))
-        if cat is None and name in COMPOSITES:
-            cat = self.by_name.get(COMPOSITES[name])
-        return cat
+        base = ALIASES.get(name, name)
+        category = self.by_name.get(base)
+        if category is None and base in self.partial:
+            overload = resolve(base, name, args, kwargs or {})
+            category = None if overload is None else self.by_overload.get(overload)
+        if category is None and base in COMPOSES and base not in self.partial:
+            category = self.by_name.get(COMPOSES[base])
+        return category
+
+    def partial_name(self, func) -> bool:
+        """Whether a Python-level `func` names an operator the policy lists
+        only some overloads of."""
+        name = _python_name(func)
+        return ALIASES.get(name, name) in self.partial
 
     def adaptation(self, func) -> str | None:
         if isinstance(func, torch._ops.OpOverload):
@@ -105,6 +122,42 @@ class Rules:
                 f"'{self.policy.name}'. {reason}")
 
 
+def resolve(base: str, name: str, args, kwargs):
+    """The aten overload of ``aten::<base>`` a Python-level call `name` with
+    these arguments reaches (PyTorch's own schema matching), or None when
+    its Python signature is not the operator's (the aten level decides)."""
+    if name in REVERSED and len(args) >= 2:
+        args = (args[1], args[0], *args[2:])
+    try:
+        overload = torch._C._jit_resolve_packet(f"aten::{base}", *args, **kwargs)
+        return getattr(getattr(torch.ops.aten, base), overload or "default")
+    except (RuntimeError, TypeError, AttributeError):
+        return None
+
+
+def dispatched(overloads) -> list[str]:
+    """The overloads (``ns::op[.overload]``) the dispatcher has a kernel for
+    (not TorchScript-only ones such as ``einsum.sublist``)."""
+    out = []
+    for name in overloads:
+        try:
+            if torch._C._dispatch_has_kernel(name):
+                out.append(name)
+        except RuntimeError:
+            continue
+    return out
+
+
+_SOFTMAXES = frozenset({"softmax", "_softmax", "_safe_softmax", "log_softmax", "_log_softmax"})
+
+
+def is_softmax(func) -> bool:
+    """A softmax of any spelling (aten overload or Python-level)."""
+    if isinstance(func, torch._ops.OpOverload):
+        return func.overloadpacket.__name__ in _SOFTMAXES
+    return _python_name(func) in _SOFTMAXES
+
+
 def _python_name(func) -> str | None:
     name = getattr(func, "__name__", None)
     return name if isinstance(name, str) else None
@@ -115,14 +168,16 @@ def _compile_cached(policy: Policy, generation: int) -> Rules:
     expanded = policy.expanded()
     by_overload = {overload_of(name): cat for name, cat in expanded.items()}
     by_name: dict[str, str] = {}
-    ambiguous: set[str] = set()
-    for name, cat in policy.categories.items():
-        base = ops.split(name)[1]
-        if by_name.get(base, cat) != cat:
-            ambiguous.add(base)
-        by_name[base] = cat
-    for base in ambiguous:  # overloads in different categories: aten level decides
-        del by_name[base]
+    partial: set[str] = set()
+    for name in policy.categories:
+        ns, base, _ = ops.split(name)
+        if ns != "aten":
+            continue
+        cats = {expanded.get(o) for o in dispatched(ops.overloads(f"{ns}::{base}"))}
+        if len(cats) == 1 and None not in cats:
+            by_name[base] = cats.pop()
+        else:  # the call's own overload decides (Rules.lookup)
+            partial.add(base)
     adapt_overload: dict[object, str] = {}
     adapt_name: dict[str, str] = {}
     for name, kind in policy.adaptations.items():
@@ -134,8 +189,8 @@ def _compile_cached(policy: Policy, generation: int) -> Rules:
         if "." not in name:
             adapt_name[ops.split(name)[1]] = kind
     frozen = types.MappingProxyType
-    return Rules(policy, frozen(by_overload), frozen(by_name), frozen(adapt_overload),
-                 frozen(adapt_name))
+    return Rules(policy, frozen(by_overload), frozen(by_name), frozenset(partial),
+                 frozen(adapt_overload), frozen(adapt_name))
 
 
 def compile(policy: Policy) -> Rules:
