@@ -44,7 +44,7 @@ import torch
 
 from xla_amp import policies
 from xla_amp.policies._policy import Policy
-from xla_amp.torchax import _batch_norm, _hook, _paths, _rules
+from xla_amp.torchax import _batch_norm, _hook, _lowerings, _paths, _rules
 
 # JAX backend -> xla_amp hardware name (policies.HARDWARE_POLICY's keys)
 _BACKEND_HARDWARE = {"tpu": "TPU", "gpu": "CUDA", "cuda": "CUDA", "rocm": "CUDA",
@@ -88,6 +88,10 @@ def _suspended(category: str | None = None):
 
 def _on_dispatch(original, func, types, args, kwargs):
     stack = getattr(_state, "stack", None)
+    if stack and stack[-1] is not None and func in _lowerings.OPS:
+        out = _lowerings.run(_hook.environment_of(original), func, args, kwargs)
+        if out is not NotImplemented:
+            return out
     if stack and func in _batch_norm.OPS:  # torchax drops the stats, nested calls included
         out = _dispatch(stack, original, func, types, args, kwargs)
         with _suspended():
