@@ -129,6 +129,25 @@ def test_dropout_draws_a_new_mask_every_step():
     assert float(again(*_batch())) in losses  # a seed gives the same draws
 
 
+def test_the_key_is_split_only_where_the_model_draws():
+    """torchax splits the step's key at each draw and the rest is the next
+    step's key: a model that draws nothing has no key arithmetic in its
+    program (no threefry split, issue #44) and carries its key unchanged."""
+    plain = xt.make_train_step(_model(), F.cross_entropy, optax.sgd(0.1), policy="tpu", seed=3)
+    assert "threefry" not in plain.lower(*_batch()).as_text()
+    key = np.array(plain.state[4])
+    plain(*_batch())
+    assert np.array_equal(np.array(plain.state[4]), key)
+    drop = xt.make_train_step(_model(dropout=0.5), F.cross_entropy, optax.sgd(0.1),
+                              policy="tpu", seed=3)
+    assert "threefry" in drop.lower(*_batch()).as_text()
+    keys = [np.array(drop.state[4])]
+    for _ in range(2):
+        drop(*_batch())
+        keys.append(np.array(drop.state[4]))
+    assert len({k.tobytes() for k in keys}) == 3, keys
+
+
 @pytest.mark.parametrize("optimizer", [lambda m: optax.adam(1e-2),
                                        lambda m: torch.optim.Adam(m.parameters(), lr=1e-2)],
                          ids=["optax", "torch"])

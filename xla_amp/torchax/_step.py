@@ -9,12 +9,12 @@ Algorithm (one jax.jit, one XLA program per step)::
 
     state = (params, buffers, opt_state, scaler_state, rng)   # JAX arrays
     step(state, batch):
-        rng', key = split(rng)                           # dropout etc. draw
-        (scaled, (loss, buffers')), grads = value_and_grad over params of:
-            with env, prng=key, autocast(policy, dtype):  # _region.py
+        (scaled, (loss, buffers', rng')), grads = value_and_grad over params of:
+            with env, prng=rng, autocast(policy, dtype):  # _region.py
                 out  = functional_call(model, params + buffers, inputs)
                 loss = loss_fn(out, target)
-            scaled = scaler.scale(loss)
+                rng' = the env's key after them          # split at each draw
+            scaled = scaler.scale(loss)                  # (dropout etc.), else rng
         (no scaler: the update as it comes, no check and no skip; else)
         fp8 delayed layers: amax(g) is the gradient of a zero probe each;
         their histories roll after the update (kept on a skip)
@@ -128,28 +128,31 @@ class TrainStep:
         return tuple(out)
 
     # -- the step ----------------------------------------------------------
-    def _forward_loss(self, params, probes, buffers, scaler_state, key, batch):
+    def _forward_loss(self, params, probes, buffers, scaler_state, rng, batch):
         env = self.env
         # the step's own key: torchax's is a process-wide value a trace would
-        # bake in (every step the same dropout mask) and a resume would lose
-        with env, env.override_property(prng=key), self.region, \
+        # bake in (every step the same dropout mask) and a resume would lose.
+        # torchax splits it at each draw (get_and_rotate_prng_key) and keeps
+        # the rest: that rest is the next step's key, so a model that draws
+        # nothing has no key arithmetic in its program (no threefry split)
+        with env, env.override_property(prng=rng), self.region, \
                 _fp8.probing({m: probes[n] for n, m in self._fp8}):
             p, b, s, args = env.j2t_iso((params, buffers, scaler_state, batch))
             out = torch.func.functional_call(self.model, {**p, **b}, tuple(args[:-1]))
             loss = self.loss_fn(out, args[-1])
+            rng = env.param.prng
         with env:
             scaled = self.scaler.scale(loss, s)
             new_buffers = {k: v.jax() for k, v in b.items()}
-            return scaled.jax(), (loss.jax(), new_buffers)
+            return scaled.jax(), (loss.jax(), new_buffers, rng)
 
     def _step(self, state, batch):
         params, buffers, opt_state, scaler_state, rng = state
         before = (params, buffers, opt_state, rng)
-        rng, key = jax.random.split(rng)
         probes = {n: jnp.zeros((), jnp.float32) for n, _ in self._fp8}
-        (_, (loss, buffers)), (grads, amax_g) = jax.value_and_grad(
+        (_, (loss, buffers, rng)), (grads, amax_g) = jax.value_and_grad(
             self._forward_loss, argnums=(0, 1), has_aux=True)(
-            params, probes, buffers, scaler_state, key, batch)
+            params, probes, buffers, scaler_state, rng, batch)
         env = self.env
         if not self.scaler.enabled:  # no scaler: no check, no skip (nothing in the program)
             params, opt_state = self.optimizer.update(params, grads, opt_state, env)
