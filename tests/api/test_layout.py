@@ -106,7 +106,8 @@ PUBLIC = ["autocast", "set_default_policy", "custom_fwd", "custom_bwd", "policie
                             "CheckpointError", "EXIT_PREEMPTED", "training_record"]),
     ("xla_amp.fp8", ["Fp8Recipe", "convert", "Fp8Linear", "update_scales", "attach", "report"]),
     pytest.param("xla_amp.torchax", ["autocast", "module_policies", "LossScaler", "TrainStep",
-                                     "make_train_step"], marks=pytest.mark.torchax),
+                                     "make_train_step", "initialize_distributed"],
+                 marks=pytest.mark.torchax),
     # these import their framework: run by make integrations
     *[pytest.param(path, names, marks=pytest.mark.integrations) for path, names in [
         ("xla_amp.integrations.lightning", ["XLAAMPPrecision"]),

@@ -22,11 +22,13 @@ Algorithm::
                 decomposition's dot) in the region's dtype, a softmax in
                 float32
             category of the op under the innermost region's rules:
-                none -> the policy's XLA adaptation, if any; a Python body
-                        torchax does not lower, or a composite it lowers its
-                        own way, runs where the policy sees the calls inside
-                        it (_paths.py); else run as is (what it decomposes
-                        into is still autocast)
+                none -> the policy's XLA adaptation, if any; else by the
+                        path torchax takes (_paths.py): a Python body it does
+                        not lower, a decomposition of an op PyTorch builds
+                        from other ops, or a composite it lowers in JAX runs
+                        where the policy sees the calls inside it; a
+                        decomposition standing for a backend kernel runs
+                        with autocast suspended; else run as is
                 else -> cast the inputs (_rules.apply), run with autocast
                         suspended; a Python-level function torchax does not
                         lower runs its PyTorch decomposition on the cast inputs
