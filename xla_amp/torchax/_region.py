@@ -111,6 +111,11 @@ def _dispatch(stack, original, func, types, args, kwargs):
     category = rules.lookup(func, args, kwargs)
     if category is None:
         return _uncategorized(original, rules, func, types, args, kwargs)
+    return _cast_and_run(rules, category, dtype, original, func, types, args, kwargs)
+
+
+def _cast_and_run(rules, category, dtype, original, func, types, args, kwargs):
+    """The call with its inputs cast for `category`, autocast suspended inside."""
     kwargs = kwargs or {}
     plan = _rules.apply(rules, category, func, args, kwargs, dtype)
     if plan is not None:
@@ -148,12 +153,7 @@ def _inner(rules, dtype, original, func, types, args, kwargs):
         category = "fp32" if _rules.is_softmax(func) else None
     if category is None:
         return original(func, types, args, kwargs)
-    kwargs = kwargs or {}
-    plan = _rules.apply(rules, category, func, args, kwargs, dtype)
-    if plan is not None:
-        func, args, kwargs = plan
-    with _suspended(category):
-        return _run(original, func, types, args, kwargs)
+    return _cast_and_run(rules, category, dtype, original, func, types, args, kwargs)
 
 
 def _uncategorized(original, rules, func, types, args, kwargs):
