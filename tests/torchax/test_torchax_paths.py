@@ -187,3 +187,36 @@ def test_multihead_attention_forward_and_backward(policy, dtype):
     assert exps and {jnp.dtype(e.invars[0].aval.dtype) for e in exps} == {want}
     assert fp32 == (policy != "cpu")
     assert violations(closed, policy, dtype) == []
+
+
+_COMPOSES_CALLS = {
+    "cross_entropy_loss": lambda: torch._C._nn.cross_entropy_loss(
+        torch.randn(3, 5), torch.tensor([0, 2, 4])),
+    "instance_norm": lambda: torch.instance_norm(torch.randn(2, 3, 4), None, None, None, None,
+                                                 True, 0.1, 1e-5, False),
+    "nll_loss_nd": lambda: torch._C._nn.nll_loss_nd(torch.randn(3, 5).log_softmax(1),
+                                                   torch.tensor([0, 2, 4])),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_rules.COMPOSES))
+def test_composes_names_the_op_inside_each_composite(name):
+    """_rules.COMPOSES against PyTorch: each entry is a CompositeImplicitAutograd
+    op whose decomposition (recorded below the dispatcher) runs the op it
+    names, and the policies list that op (so it has a category to give)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    inner = _rules.COMPOSES[name]
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}",
+                                                          "CompositeImplicitAutograd")
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        _COMPOSES_CALLS[name]()
+    assert any(inner in op for op in seen), (name, seen)
+    assert name not in seen  # decomposed: the dispatch mode never sees it
+    assert any(_rules.compile(policies.get(p)).by_name.get(inner) for p, _ in tp.LOW_RULES)

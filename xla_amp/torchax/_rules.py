@@ -62,7 +62,7 @@ ALIASES = types.MappingProxyType({
 # decomposes them before torchax's dispatch mode sees the op inside, while
 # torch_xla's AutocastXLA key sees that op. In no category themselves, they
 # take its category (tests/torchax/test_torchax_paths.py checks each against
-# PyTorch: the op's decomposition runs inside).
+# PyTorch: a composite whose decomposition runs the op named).
 COMPOSES = types.MappingProxyType({
     "cross_entropy_loss": "log_softmax",   # LossNLL.cpp: log_softmax, then nll_loss_nd
     "instance_norm": "batch_norm",          # Normalization.cpp: batch_norm on a reshape
@@ -70,6 +70,7 @@ COMPOSES = types.MappingProxyType({
 })
 # Python names whose operator takes its operands the other way round.
 REVERSED = frozenset({"__rmatmul__", "__rpow__", "__rtruediv__", "__rdiv__"})
+
 
 def overload_of(name: str) -> torch._ops.OpOverload:
     """The OpOverload object a dispatcher name (``aten::mm``, ``aten::pow.Scalar``) names."""
