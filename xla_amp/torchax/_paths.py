@@ -1,7 +1,7 @@
 """The paths torchax takes for a call, and how the policy follows each one to
 where the arithmetic happens (issue #44).
 
-torchax runs a call it is handed in one of four ways (``path``)::
+torchax runs a call it is handed in one of these ways (``path``)::
 
     lowering       torchax's own code for the call (``env._ops``): JAX code,
                    or torch ops it dispatches again. The inputs the policy
@@ -74,9 +74,10 @@ def _no_override(*_args) -> bool:
 
 
 def path(env, func, partial: bool = False) -> str:
-    """"lowering", "decomposition", "body", "composite" or "torch" (none of
-    these: a builtin torchax hands back to PyTorch, which reaches torchax
-    again as aten ops). `partial`: the policy lists some overloads of the
+    """"lowering", "decomposition", "kernel" (a decomposition standing for
+    backends' own kernels), "body", "composite" or "torch" (none of these: a
+    builtin torchax hands back to PyTorch, which reaches torchax again as
+    aten ops). `partial`: the policy lists some overloads of the
     function's operator and the call's arguments did not say which one it is
     (``torch.einsum(eq, *operands)``): a Python body runs even where torchax
     lowers the function, so the builtin inside it decides."""
