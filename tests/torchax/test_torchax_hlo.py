@@ -125,6 +125,13 @@ def test_hook_pins_torchax_internals():
         assert "self.env.dispatch(func, types, args, kwargs)" in src, mode
     assert _hook.has_lowering(ENV, F.linear)
     assert not _hook.has_lowering(ENV, torch.ops.aten.conv_tbc.default)
+    # its own lowerings (JAX code or torch ops) and PyTorch's decompositions
+    assert _hook.lowered(ENV, F.linear) and _hook.lowered_in_jax(ENV, F.linear)
+    sdpa = F.scaled_dot_product_attention
+    assert _hook.lowered(ENV, sdpa) and not _hook.lowered_in_jax(ENV, sdpa)
+    assert _hook.decomposed(ENV, torch.ops.aten._safe_softmax.default)
+    assert not _hook.lowered(ENV, torch.ops.aten._safe_softmax.default)
+    assert isinstance(_hook.function_mode(ENV), tensor.XLAFunctionMode)
     assert callable(tensor.Tensor.apply_jax)
     with ENV:  # a tensor's JAX array is its _elem, replaced by in-place ops
         t = torch.zeros(2, device="jax")

@@ -64,7 +64,7 @@ import jax
 import torch
 from torch.utils import _pytree as pytree
 
-from xla_amp.torchax import _hook
+from xla_amp.torchax import _hook, _rules
 
 _CHECKS = ("has_torch_function", "has_torch_function_unary", "has_torch_function_variadic")
 
@@ -151,8 +151,7 @@ def composite_op(name: str) -> bool:
         packet = getattr(torch.ops.aten, name)
     except (AttributeError, RuntimeError):
         return False
-    from xla_amp.torchax._rules import dispatched
-    names = dispatched(f"aten::{name}" + ("" if o == "default" else f".{o}")
+    names = _rules.dispatched(f"aten::{name}" + ("" if o == "default" else f".{o}")
                        for o in packet.overloads())
     return bool(names) and all(
         torch._C._dispatch_has_kernel_for_dispatch_key(n, "CompositeImplicitAutograd")
