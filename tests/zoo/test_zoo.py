@@ -61,8 +61,9 @@ def tolerance(rows):
 
 
 def assert_trains_like_fp32(rows, variants, steps=1):
-    """The variants' first `steps` losses against fp32's, and their graph
-    executions and transfers per step. A ``+compiled`` variant's forward
+    """The variants' first `steps` losses against fp32's, their graph
+    executions and transfers per step, and one compilation of the lazy step
+    for all steps. A ``+compiled`` variant's forward
     runs as graphs of its own (4 executions a step, more where Dynamo breaks
     the graph: docs/compiled.md); only its transfers are counted."""
     fp32 = rows["fp32"]
@@ -72,6 +73,8 @@ def assert_trains_like_fp32(rows, variants, steps=1):
         assert "error" not in row, f"{row['model']} under {v}: {row['error']}"
         if not v.endswith("+compiled"):
             assert row["executions_per_step"] == 1.0, row
+            # the first step is the graph of every later one (syncfree/_fresh.py)
+            assert row["compilations"] == 1, row
         assert row["transfers_per_step"] == 0.0, row
         assert all(math.isfinite(x) for x in row["losses"]), row
         # the first step's loss: same weights, same batch, so it measures the

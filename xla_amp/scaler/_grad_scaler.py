@@ -41,6 +41,7 @@ import torch
 
 from xla_amp import _devices
 from xla_amp._param_walk import check_on_xla as _check_on_xla, check_optimizer as _check_optimizer
+from xla_amp._upload import upload
 from xla_amp.scaler import _step, _update, _unscale
 from xla_amp.scaler._state_dict import ScalerStateDict
 from xla_amp.scaler._checks import checked as _checked
@@ -333,11 +334,12 @@ class GradScaler(ScalerStateDict):
         return defaultdict(_PerOptimizer)
 
     def _lazy_init(self, device: torch.device) -> None:
-        # uploaded, not computed on the device: the first step then builds the
-        # same graph as every later one (one compilation, not two)
-        self._scale = torch.tensor(self._init_scale, dtype=torch.float32).to(device)
-        self._growth_tracker = torch.tensor(self._init_growth_tracker, dtype=torch.int32).to(device)
-        self._skipped = torch.tensor(self._init_skipped, dtype=torch.int64).to(device)
+        # uploaded, each a buffer of its own (xla_amp/_upload.py): the first
+        # step then builds the same graph as every later one (one compilation)
+        self._scale = upload(torch.tensor(self._init_scale, dtype=torch.float32), device)
+        self._growth_tracker = upload(
+            torch.tensor(self._init_growth_tracker, dtype=torch.int32), device)
+        self._skipped = upload(torch.tensor(self._init_skipped, dtype=torch.int64), device)
 
     def _check_started(self, what: str) -> None:
         if self._scale is None:

@@ -15,6 +15,7 @@ from collections import defaultdict
 
 import torch
 
+from xla_amp._upload import upload
 from xla_amp._param_walk import params_with_grads, where
 
 
@@ -78,8 +79,10 @@ class OverflowFlags:
         self.last_skipped = []
         for positions, new in flags:
             old = previous.get(tuple(positions))
-            self.last_skipped.append((positions, torch.where(
-                found[new.device] != 0, new, torch.zeros_like(new) if old is None else old)))
+            if old is None:  # uploaded, not a constant: the first step's graph
+                # is then every step's (xla_amp/_upload.py)
+                old = upload(torch.zeros(new.shape, dtype=new.dtype), new.device)
+            self.last_skipped.append((positions, torch.where(found[new.device] != 0, new, old)))
         self.last = flags
 
 

@@ -43,6 +43,10 @@ def update_on_device(scaler, found: torch.Tensor) -> None:
         new_scale, new_tracker = next_scale(
             scaler._scale, scaler._growth_tracker, found, scaler._growth_factor,
             scaler._backoff_factor, scaler._growth_interval, scaler._min_scale)
-        scaler._scale.copy_(new_scale)
-        scaler._growth_tracker.copy_(new_tracker)
-        scaler._skipped.add_(found.to(scaler._skipped.dtype))
+        # new tensors, not in-place writes: made here at every step, they keep
+        # one place in the order of the step's outputs, so the first step's
+        # graph is every step's (in-place, the first scale() would have made
+        # them after the forward where later steps have them before it)
+        scaler._scale = new_scale
+        scaler._growth_tracker = new_tracker
+        scaler._skipped = scaler._skipped + found.to(scaler._skipped.dtype)

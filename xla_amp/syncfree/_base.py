@@ -35,7 +35,7 @@ import torch
 import torch.optim.optimizer as _torch_optimizer
 
 from xla_amp import _engine
-from xla_amp.syncfree import _fused, _low_precision, _sharding
+from xla_amp.syncfree import _fresh, _fused, _low_precision, _sharding
 from xla_amp.syncfree._scalars import DeviceScalars, Skip as _Skip
 from xla_amp.syncfree._state_dict import TorchOptimStateDict
 
@@ -83,6 +83,8 @@ class SyncFreeOptimizer(DeviceScalars, TorchOptimStateDict, torch.optim.Optimize
         # per lineage -- usually one per param group -- not per parameter.
         self._lineage: dict[torch.Tensor, int] = {}
         self._lineage_ids = itertools.count(1)
+        # parameter -> the state its first step takes, made by _reserve
+        self._reserved: dict[torch.Tensor, dict[str, Any]] = {}
 
     # Group keys every torch.optim namesake fills in for old pickles.
     _GROUP_DEFAULTS = {"maximize": False, "foreach": None, "differentiable": False,
@@ -119,6 +121,41 @@ class SyncFreeOptimizer(DeviceScalars, TorchOptimStateDict, torch.optim.Optimize
         except ValueError:
             self.param_groups.pop()  # leave the optimizer unchanged
             raise
+        self._reserve(self.param_groups[-1])
+
+    def _reserve(self, group: dict[str, Any]) -> None:
+        """Make now, before the first forward, the state that the first
+        step would create for each trainable parameter of ``group``,
+        uploaded as device data (``_fresh.py``); :meth:`_start_state` hands
+        it over. Tensors are ordered in a graph by when they were made:
+        state made inside the first step would come after that step's
+        gradients, where every later step has it before them, and the first
+        step would be a graph of its own, compiled a second time.
+        Low-precision parameters (their float32 master is computed from the
+        parameter) and sharded ones (``_fresh.uploads``) make their state in
+        the step, as before."""
+        for p in group["params"]:
+            if (p.requires_grad and not self.state.get(p) and _fresh.uploads(p)
+                    and not _low_precision.applies(group, [p])):
+                st: dict[str, Any] = {}
+                self._init_state(group, p, st)
+                if st:
+                    self._reserved[p] = st
+
+    def _start_state(self, group: dict[str, Any], p: torch.Tensor,
+                     state: dict[str, Any]) -> bool:
+        """:meth:`_init_state` at a step: takes the state :meth:`_reserve`
+        made for ``p`` if ``p`` has none yet and it is what
+        ``_init_state`` would make now (the group's options may have changed
+        since), else makes it. Returns whether the state started fresh."""
+        reserved = self._reserved.pop(p, None)
+        if reserved is not None and not state:
+            plan: dict[str, Any] = {}
+            self._init_state(group, torch.empty_like(p, device="meta"), plan)
+            if _layout(plan) == _layout(reserved):
+                state.update(reserved)
+                return True
+        return self._init_state(group, p, state)
 
     def _check_devices(self) -> torch.device:
         device = None
@@ -337,3 +374,9 @@ class SyncFreeOptimizer(DeviceScalars, TorchOptimStateDict, torch.optim.Optimize
         if keep is not None:
             news = [torch.where(keep, d, n) for d, n in zip(dsts, news)]
         torch._foreach_copy_(dsts, news)
+
+
+def _layout(state: dict[str, Any]) -> dict[str, tuple]:
+    """Each tensor entry's shape and dtype."""
+    return {k: (tuple(v.shape), v.dtype) for k, v in state.items()
+            if isinstance(v, torch.Tensor)}

@@ -42,6 +42,8 @@ from typing import Any
 import torch
 import torch_xla
 
+from xla_amp._upload import upload
+
 _XLAC = torch_xla._XLAC
 _ADAM = getattr(_XLAC, "_xla_adam_optimizer_step_", None)
 _SGD = getattr(_XLAC, "_xla_sgd_optimizer_step_", None)
@@ -64,7 +66,9 @@ def empty(device: torch.device) -> torch.Tensor:
     shared)."""
     t = _empty.get(device)
     if t is None:
-        t = _empty[device] = torch.empty(0, dtype=torch.float32, device=device)
+        # device data from the start: a pending tensor would be an output
+        # of the first step's graph only (another graph than the next step's)
+        t = _empty[device] = upload(torch.empty(0, dtype=torch.float32), device)
     return t
 
 

@@ -63,6 +63,8 @@ class TorchOptimStateDict:
         for idx, (p, keeps) in kept.items():
             self.state[p] = _state_check.converted(keeps, p, state_dict["state"][idx])
             _sharding.follow(p, self.state[p])  # SPMD: sharded as its parameter
+        for p in self.state:  # loaded state replaces what was made for a first step
+            self._reserved.pop(p, None)
         self._lineage.clear()
         self._loaded_lineages: dict[Any, int] = {}  # loaded counter value -> lineage
         for p, st in list(self.state.items()):

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from xla_amp.syncfree import _fused, _low_precision
+from xla_amp.syncfree import _fresh, _fused, _low_precision
 from xla_amp.syncfree._base import SyncFreeOptimizer
 
 
@@ -111,7 +111,7 @@ class Adam(SyncFreeOptimizer):
         states = []
         for p in params:
             state = self.state[p]
-            if self._init_state(group, p, state):
+            if self._start_state(group, p, state):
                 self._lineage[p] = 0  # fresh: step 0
             states.append(state)
         if not fused:
@@ -128,11 +128,11 @@ class Adam(SyncFreeOptimizer):
         # amsgrad is switched on for existing state
         fresh = "step" not in state
         if fresh:
-            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["step"] = _fresh.full((), 0, torch.float32, p)
+            state["exp_avg"] = _fresh.zeros_like(p)
+            state["exp_avg_sq"] = _fresh.zeros_like(p)
         if group["amsgrad"] and "max_exp_avg_sq" not in state:
-            state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["max_exp_avg_sq"] = _fresh.zeros_like(p)
         return fresh
 
     def _update_portable(self, gi, group, keep, params, grads, states) -> None:

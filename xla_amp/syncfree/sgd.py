@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from xla_amp.syncfree import _fused, _low_precision
+from xla_amp.syncfree import _fresh, _fused, _low_precision
 from xla_amp.syncfree._base import SyncFreeOptimizer
 
 _READY = "momentum_buffer_ready"  # internal key, never in a state dict
@@ -87,7 +87,7 @@ class SGD(SyncFreeOptimizer):
         momentum = group["momentum"]
         if momentum != 0:
             for p in params:
-                if self._init_state(group, p, self.state[p]):
+                if self._start_state(group, p, self.state[p]):
                     self._lineage[p] = 0  # fresh: not ready
         if not fused:
             self._update_portable(gi, group, skip.keep, params, grads)
@@ -107,8 +107,8 @@ class SGD(SyncFreeOptimizer):
     def _init_state(self, group, p, state) -> bool:
         if group["momentum"] == 0 or "momentum_buffer" in state:
             return False
-        state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        state[_READY] = torch.zeros((), dtype=torch.float32, device=p.device)
+        state["momentum_buffer"] = _fresh.zeros_like(p)
+        state[_READY] = _fresh.full((), 0, torch.float32, p)
         return True
 
     def _update_portable(self, gi, group, keep, params, grads) -> None:
