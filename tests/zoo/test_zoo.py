@@ -73,8 +73,9 @@ def assert_trains_like_fp32(rows, variants, steps=1):
         assert "error" not in row, f"{row['model']} under {v}: {row['error']}"
         if not v.endswith("+compiled"):
             assert row["executions_per_step"] == 1.0, row
-            # the first step is the graph of every later one (syncfree/_fresh.py)
-            assert row["compilations"] == 1, row
+            # the first step is the graph of every later one (syncfree/_fresh.py):
+            # one compilation, or none where another variant built the same graph
+            assert row["compilations"] <= 1, row
         assert row["transfers_per_step"] == 0.0, row
         assert all(math.isfinite(x) for x in row["losses"]), row
         # the first step's loss: same weights, same batch, so it measures the
