@@ -306,7 +306,9 @@ class GradScaler(ScalerStateDict):
 
     def skipped_steps_tensor(self) -> Optional[torch.Tensor]:
         """The device counter :meth:`skipped_steps` reads (int64; None before the
-        first :meth:`scale` or when disabled), to fold into another read."""
+        first :meth:`scale` or when disabled), to fold into another read.
+        :meth:`update` replaces it with a new tensor: take it again after
+        each update."""
         return self._skipped if self._enabled else None
 
     def skipped_steps(self) -> int:
