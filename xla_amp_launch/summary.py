@@ -37,7 +37,8 @@ def summary(run, flags) -> int:
                      "samples/s after the first progress window")
         print(f"throughput    {line}")
         c = run.counts
-        print(f"XLA           {c.get('compilations', 0)} compilations, "
+        n = c.get("compilations", 0)
+        print(f"XLA           {n} compilation{'' if n == 1 else 's'}, "
               f"{c.get('executions', 0) / run.steps_run:.2f} graph executions/step, "
               f"{c.get('transfers', 0) / run.steps_run:.2f} host syncs/step "
               f"(device-to-host transfers; training steps only)")

@@ -52,10 +52,11 @@ def test_mnist_resume_equals_uninterrupted_run(tmp_path):
     assert 50.0 < acc <= 100.0          # 50 steps of real digits learn something
     assert "samples/s" in summary(straight, "throughput")
     xla = summary(straight, "XLA")
-    m = re.match(r"(\d+) compilations, ([\d.]+) graph executions/step, ([\d.]+) host syncs", xla)
+    m = re.match(r"(\d+) compilations?, ([\d.]+) graph executions/step, ([\d.]+) host syncs",
+                 xla)
     assert m, xla
     compiles, execs, syncs = int(m.group(1)), float(m.group(2)), float(m.group(3))
-    assert compiles <= 3 and execs == 1.0
+    assert compiles == 1 and execs == 1.0  # the first step is every step's graph
     # reads: every 4th step and at the epoch end, nothing else
     assert syncs == pytest.approx((50 // 4 + 1) / 50)
     assert "AMP bfloat16" in straight.stdout and "xla_amp.syncfree.Adam" in straight.stdout
