@@ -17,10 +17,10 @@ is device data from the start, so step 1 and step 2 trace the same graph::
 Each tensor is uploaded as a buffer of its own (``xla_amp._upload``).
 The optimizer makes it before the first forward (``_base._reserve``): a
 graph orders its outputs by when their tensors were made.
-A sharded parameter's state keeps the pending form: giving an uploaded
-tensor a sharding reshards it through the host (``_sharding.py`` annotates
-pending state instead), so sharded models still compile their first step
-apart from the rest.
+A parameter with an XLA sharding (every parameter under SPMD) keeps the
+pending form, annotated by ``_sharding.py``: an upload takes a tiling only
+as a mesh-based spec, and under SPMD PyTorch/XLA compiles the first step
+apart anyway (docs/sync_free.md, "The first step compiles once").
 """
 from __future__ import annotations
 
