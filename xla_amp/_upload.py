@@ -21,3 +21,11 @@ def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
         return host.to(device)
     import torch_xla
     return torch_xla._XLAC._xla_tensors_from_aten([host], [str(device)])[0]
+
+
+def materialize(tensors: list) -> None:
+    """Run the pending computation of ``tensors`` (XLA) as one graph of its
+    own, now, so that they are device data in the next step's graph."""
+    if tensors:
+        import torch_xla
+        torch_xla._XLAC._xla_sync_multi(tensors, devices=[], wait=False)

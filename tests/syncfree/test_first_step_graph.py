@@ -41,16 +41,26 @@ def _model(device, width=16, seed=0):
                          nn.Linear(width, 3)).to(device)
 
 
-def _train(device, name, kw, fused, steps=3, first_inf=False, reserve=True, width=None):
+LOW_PRECISION = [
+    dict(master_weights=True),
+    dict(stochastic_rounding=True),
+    dict(master_weights=True, state_dtype=torch.bfloat16),
+    dict(stochastic_rounding=True, state_dtype=torch.bfloat16),
+]
+
+
+def _train(device, name, kw, fused, steps=3, first_inf=False, reserve=True, width=None,
+           dtype=torch.float32):
     """(compilations per step, model, optimizer) of `steps` AMP steps with
-    GradScaler; `first_inf` makes the first step's gradients overflow."""
-    model = _model(device, width or next(_WIDTHS))
+    GradScaler; `first_inf` makes the first step's gradients overflow;
+    `dtype` the parameters' (bf16 with the low-precision options)."""
+    model = _model(device, width or next(_WIDTHS)).to(dtype)
     opt = getattr(syncfree, name)(model.parameters(), lr=0.05, fused=fused, **kw)
     if not reserve:
         opt._reserved.clear()  # as before: state made inside the first step
     scaler = xla_amp.GradScaler()
     torch.manual_seed(1)
-    x, y = torch.randn(8, 12), torch.randint(0, 3, (8,)).to(device)
+    x, y = torch.randn(8, 12).to(dtype), torch.randint(0, 3, (8,)).to(device)
     xs = [x.to(device)] * steps  # device data alike: one graph for all
     if first_inf:
         xs[0] = x.index_fill(0, torch.tensor([0]), float("inf")).to(device)
@@ -60,7 +70,7 @@ def _train(device, name, kw, fused, steps=3, first_inf=False, reserve=True, widt
         clear_metrics()
         opt.zero_grad()
         with xla_amp.autocast(device, policy="tpu"):
-            loss = F.cross_entropy(model(xs[i]), y)
+            loss = F.cross_entropy(model(xs[i]).float(), y)
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
@@ -74,6 +84,23 @@ def _train(device, name, kw, fused, steps=3, first_inf=False, reserve=True, widt
 def test_first_step_compiles_the_graph_of_every_later_step(name, kw, fused, device):
     compiles, _, _ = _train(device, name, kw, fused)
     assert compiles == [1, 0, 0], compiles
+
+
+@pytest.mark.parametrize("name", ["SGD", "AdamW"])
+@pytest.mark.parametrize("kw", LOW_PRECISION, ids=lambda v: str(v))
+def test_bf16_parameters_with_master_or_stochastic_rounding_compile_once(name, kw, device):
+    """The master is made from the parameter by one small graph when the
+    optimizer is built; the rounding counter, the state (in state_dtype)
+    and the element-index ranges are uploaded. The same bits as state made
+    in the step."""
+    kw = dict(kw, momentum=0.9) if name == "SGD" else kw
+    compiles, a, oa = _train(device, name, kw, None, dtype=torch.bfloat16)
+    assert compiles == [1, 0, 0], compiles
+    width = a[0].out_features
+    _, b, ob = _train(device, name, kw, None, dtype=torch.bfloat16, reserve=False, width=width)
+    assert_same([p.detach().cpu() for p in a.parameters()],
+                [p.detach().cpu() for p in b.parameters()], "parameters")
+    assert_same(oa.state_dict(), ob.state_dict(), "state_dict")
 
 
 def test_a_skipped_first_step_is_the_same_graph_too(device):

@@ -83,8 +83,11 @@ class SyncFreeOptimizer(DeviceScalars, TorchOptimStateDict, torch.optim.Optimize
         # per lineage -- usually one per param group -- not per parameter.
         self._lineage: dict[torch.Tensor, int] = {}
         self._lineage_ids = itertools.count(1)
-        # parameter -> the state its first step takes, made by _reserve
+        # parameter -> the state its first step takes (_fresh.reserve)
         self._reserved: dict[torch.Tensor, dict[str, Any]] = {}
+        # the stochastic-rounding streams' seed: the process seed now, so a
+        # counter made before the first step or in it starts alike
+        self._seed = torch.initial_seed()
 
     # Group keys every torch.optim namesake fills in for old pickles.
     _GROUP_DEFAULTS = {"maximize": False, "foreach": None, "differentiable": False,
@@ -121,41 +124,7 @@ class SyncFreeOptimizer(DeviceScalars, TorchOptimStateDict, torch.optim.Optimize
         except ValueError:
             self.param_groups.pop()  # leave the optimizer unchanged
             raise
-        self._reserve(self.param_groups[-1])
-
-    def _reserve(self, group: dict[str, Any]) -> None:
-        """Make now, before the first forward, the state that the first
-        step would create for each trainable parameter of ``group``,
-        uploaded as device data (``_fresh.py``); :meth:`_start_state` hands
-        it over. Tensors are ordered in a graph by when they were made:
-        state made inside the first step would come after that step's
-        gradients, where every later step has it before them, and the first
-        step would be a graph of its own, compiled a second time.
-        Low-precision parameters (their float32 master is computed from the
-        parameter) and sharded ones (``_fresh.uploads``) make their state in
-        the step, as before."""
-        for p in group["params"]:
-            if (p.requires_grad and not self.state.get(p) and _fresh.uploads(p)
-                    and not _low_precision.applies(group, [p])):
-                st: dict[str, Any] = {}
-                self._init_state(group, p, st)
-                if st:
-                    self._reserved[p] = st
-
-    def _start_state(self, group: dict[str, Any], p: torch.Tensor,
-                     state: dict[str, Any]) -> bool:
-        """:meth:`_init_state` at a step: takes the state :meth:`_reserve`
-        made for ``p`` if ``p`` has none yet and it is what
-        ``_init_state`` would make now (the group's options may have changed
-        since), else makes it. Returns whether the state started fresh."""
-        reserved = self._reserved.pop(p, None)
-        if reserved is not None and not state:
-            plan: dict[str, Any] = {}
-            self._init_state(group, torch.empty_like(p, device="meta"), plan)
-            if _layout(plan) == _layout(reserved):
-                state.update(reserved)
-                return True
-        return self._init_state(group, p, state)
+        _fresh.reserve(self, self.param_groups[-1])
 
     def _check_devices(self) -> torch.device:
         device = None
@@ -234,6 +203,9 @@ class SyncFreeOptimizer(DeviceScalars, TorchOptimStateDict, torch.optim.Optimize
         lineage = self._lineage
         for gi, group, params, grads, fused in work:
             fresh = [p for p in params if not self.state.get(p)]
+            for p in fresh:  # state made before the first forward (_fresh.py)
+                if p in self._reserved and _fresh.take(self, group, p, self.state[p]):
+                    lineage[p] = 0  # fresh: step 0, not ready
             if _low_precision.applies(group, params):  # bf16 params, master or SR
                 fused = _low_precision.step(self, gi, group, skip, params, grads)
             else:
@@ -375,8 +347,3 @@ class SyncFreeOptimizer(DeviceScalars, TorchOptimStateDict, torch.optim.Optimize
             news = [torch.where(keep, d, n) for d, n in zip(dsts, news)]
         torch._foreach_copy_(dsts, news)
 
-
-def _layout(state: dict[str, Any]) -> dict[str, tuple]:
-    """Each tensor entry's shape and dtype."""
-    return {k: (tuple(v.shape), v.dtype) for k, v in state.items()
-            if isinstance(v, torch.Tensor)}

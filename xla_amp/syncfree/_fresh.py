@@ -15,8 +15,11 @@ is device data from the start, so step 1 and step 2 trace the same graph::
             create it on p's device as before
 
 Each tensor is uploaded as a buffer of its own (``xla_amp._upload``).
-The optimizer makes it before the first forward (``_base._reserve``): a
-graph orders its outputs by when their tensors were made.
+The optimizer makes it when it is built, before the first forward
+(:func:`reserve`): a graph orders its outputs by when their tensors were
+made, and state made inside the first step would come after that step's
+gradients where every later step has it before them. The first step takes
+it over (:func:`take`) when it is still what that step would make.
 A parameter with an XLA sharding (every parameter under SPMD) keeps the
 pending form, annotated by ``_sharding.py``: an upload takes a tiling only
 as a mesh-based spec, and under SPMD PyTorch/XLA compiles the first step
@@ -26,8 +29,10 @@ from __future__ import annotations
 
 import torch
 
-from xla_amp._upload import upload as _upload
-from xla_amp.syncfree import _sharding
+from typing import Any
+
+from xla_amp._upload import materialize, upload as _upload
+from xla_amp.syncfree import _low_precision, _sharding
 
 
 def uploads(like: torch.Tensor) -> bool:
@@ -47,8 +52,46 @@ def zeros_like(p: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tenso
     return full(p.shape, 0, dtype or p.dtype, p)
 
 
-def arange(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """0 .. n-1 on ``device`` (uploaded on an XLA device)."""
-    if device.type == "xla":
-        return _upload(torch.arange(n, dtype=dtype), device)
-    return torch.arange(n, dtype=dtype, device=device)
+def reserve(opt, group: dict[str, Any]) -> None:
+    """Make for each trainable parameter of ``group`` (``requires_grad``,
+    no state yet, uploadable) the state its first step would create, and
+    keep it in ``opt._reserved``. A bf16 parameter's float32 master, computed
+    from the parameter, is made device data by one small graph here, so no
+    step computes it."""
+    masters = []
+    positions = None
+    for p in group["params"]:
+        if not (p.requires_grad and not opt.state.get(p) and uploads(p)):
+            continue
+        st: dict[str, Any] = {}
+        if _low_precision.applies(group, [p]):
+            if positions is None:  # as the step numbers them (groups only append)
+                positions = {id(q): k for k, q in enumerate(
+                    q for g in opt.param_groups for q in g["params"])}
+            masters += _low_precision.reserve_state(opt, group, p, st, positions[id(p)])
+        else:
+            opt._init_state(group, p, st)
+        if st:
+            opt._reserved[p] = st
+    materialize(masters)
+
+
+def take(opt, group: dict[str, Any], p: torch.Tensor, state: dict[str, Any]) -> bool:
+    """Move the state :func:`reserve` made for ``p`` into ``state`` (empty)
+    if it is what the step would make now -- the group's options may have
+    changed since -- and return whether it did (else it is dropped)."""
+    reserved = opt._reserved.pop(p)
+    meta = torch.empty_like(p, device="meta")
+    plan: dict[str, Any] = {}
+    _low_precision.create_state(opt, group, meta, plan)
+    _low_precision.between_steps(opt, group, meta, plan)
+    if _layout(plan) != _layout(reserved):
+        return False
+    state.update(reserved)
+    return True
+
+
+def _layout(state: dict[str, Any]) -> dict[str, tuple]:
+    """Each tensor entry's shape and dtype."""
+    return {k: (tuple(v.shape), v.dtype) for k, v in state.items()
+            if isinstance(v, torch.Tensor)}

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from xla_amp._upload import upload
 from xla_amp.checkpoint._record import LOW_PRECISION_KEYS
 
 OPTIONS_DOC = """
@@ -43,7 +44,8 @@ OPTIONS_DOC = """
         master rounded to nearest. Costs 4 bytes per element.
     stochastic_rounding: instead of a master, add the float32 update to the
         bf16 parameter with stochastic rounding (seeded from
-        ``torch.initial_seed()``, reproducible from a checkpoint). bf16
+        ``torch.initial_seed()`` as it is when the optimizer is built,
+        reproducible from a checkpoint). bf16
         parameters only. Not together with ``master_weights``.
     state_dtype: dtype of the optimizer state of such parameters (``None``:
         float32, the update's precision; ``torch.bfloat16`` halves it);
@@ -113,7 +115,7 @@ def step(opt, gi: int, group: dict[str, Any], skip, params: list[torch.Tensor],
         if not master and _COUNTER not in st and positions is None:
             positions = {id(q): k for k, q in enumerate(
                 q for g in opt.param_groups for q in g["params"])}
-        init_state(group, p, st, positions[id(p)] if positions else 0)
+        init_state(group, p, st, positions[id(p)] if positions else 0, opt._seed)
         p.data = st[_MASTER] if master else p.detach().float()
         grads[i] = grads[i].float()
         _retype_state(opt, st, torch.float32)
@@ -143,15 +145,34 @@ def step(opt, gi: int, group: dict[str, Any], skip, params: list[torch.Tensor],
 
 
 def init_state(group: dict[str, Any], p: torch.Tensor, st: dict[str, Any],
-               position: int) -> None:
+               position: int, seed: int | None = None) -> None:
     """What a low-precision parameter keeps besides the optimizer's own
     state, made on its first step: the master (from the parameter) or the
-    rounding counter (from its position in the optimizer)."""
+    rounding counter (from its position in the optimizer and ``seed``,
+    the optimizer's: see :func:`_key`)."""
     if group.get("master_weights"):
         if _MASTER not in st:
             st[_MASTER] = p.detach().float()
     elif _COUNTER not in st:
-        st[_COUNTER] = torch.full((), _key(position), dtype=torch.int64, device=p.device)
+        st[_COUNTER] = torch.full((), _key(position, seed), dtype=torch.int64,
+                                  device=p.device)
+
+
+def reserve_state(opt, group: dict[str, Any], p: torch.Tensor, st: dict[str, Any],
+                  position: int) -> list[torch.Tensor]:
+    """What :func:`create_state` and :func:`between_steps` leave for a
+    low-precision ``p``, made before its first step (``_fresh.reserve``):
+    the counter and the optimizer's state uploaded, the latter in the dtype
+    the step keeps it in; the master computed from ``p``, still pending:
+    returned for the caller to materialise."""
+    if group.get("master_weights"):
+        st[_MASTER] = p.detach().float()
+    else:
+        st[_COUNTER] = upload(torch.full((), _key(position, opt._seed), dtype=torch.int64),
+                              p.device)
+    dtype = group.get("state_dtype") or torch.float32
+    opt._init_state(group, torch.empty(p.shape, dtype=dtype, device=p.device), st)
+    return [st[_MASTER]] if _MASTER in st else []
 
 
 def create_state(opt, group: dict[str, Any], p: torch.Tensor, st: dict[str, Any]) -> None:
@@ -179,11 +200,13 @@ def _retype_state(opt, st: dict[str, Any], dtype: torch.dtype) -> None:
             st[key] = v.to(dtype)
 
 
-def _key(position: int) -> int:
-    """High half of a parameter's counter: the process seed mixed with the
-    parameter's position in the optimizer (positions are what a checkpoint
-    keeps)."""
-    mixed = (torch.initial_seed() * 0x9E3779B1 + position * 0x85EBCA77) & 0x7FFFFFFF
+def _key(position: int, seed: int | None = None) -> int:
+    """High half of a parameter's counter: ``seed`` (the optimizer's: the
+    process seed, ``torch.initial_seed()``, when it was built; the current
+    one if None) mixed with the parameter's position in the optimizer
+    (positions are what a checkpoint keeps)."""
+    seed = torch.initial_seed() if seed is None else seed
+    mixed = (seed * 0x9E3779B1 + position * 0x85EBCA77) & 0x7FFFFFFF
     return mixed << 32
 
 
@@ -203,9 +226,9 @@ def _element_index(shape: tuple, device) -> torch.Tensor:
     index, stride = torch.zeros((), dtype=torch.int32, device=device), 1
     for k in reversed(range(len(shape))):
         axis = _axes.get((shape[k], str(device)))
-        if axis is None:
-            axis = _axes[(shape[k], str(device))] = torch.arange(
-                shape[k], dtype=torch.int32, device=device)
+        if axis is None:  # uploaded: kept, so an output of one graph otherwise
+            axis = _axes[(shape[k], str(device))] = upload(
+                torch.arange(shape[k], dtype=torch.int32), device)
         index = index + axis.view([-1 if j == k else 1 for j in range(len(shape))]) * stride
         stride *= shape[k]
     return index

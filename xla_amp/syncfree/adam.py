@@ -111,7 +111,7 @@ class Adam(SyncFreeOptimizer):
         states = []
         for p in params:
             state = self.state[p]
-            if self._start_state(group, p, state):
+            if self._init_state(group, p, state):
                 self._lineage[p] = 0  # fresh: step 0
             states.append(state)
         if not fused:

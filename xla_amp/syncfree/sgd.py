@@ -87,7 +87,7 @@ class SGD(SyncFreeOptimizer):
         momentum = group["momentum"]
         if momentum != 0:
             for p in params:
-                if self._start_state(group, p, self.state[p]):
+                if self._init_state(group, p, self.state[p]):
                     self._lineage[p] = 0  # fresh: not ready
         if not fused:
             self._update_portable(gi, group, skip.keep, params, grads)
