@@ -165,3 +165,20 @@ def test_loaded_state_replaces_what_was_made_for_the_first_step(device):
     assert len(fresh._reserved) == 6
     fresh.load_state_dict(opt.state_dict())
     assert not fresh._reserved  # no second copy of the state held
+
+
+def test_state_put_in_directly_drops_what_was_made_for_the_first_step(device):
+    """State written into ``optimizer.state`` by other code (a sharded
+    checkpoint's loader does) wins; the first step drops the other copy."""
+    model = _model(device)
+    opt = syncfree.Adam(model.parameters(), lr=0.1)
+    model(torch.randn(4, 12).to(device)).sum().backward()
+    opt.step()
+    torch_xla.sync()
+    fresh = syncfree.Adam(model.parameters(), lr=0.1)
+    for p in model.parameters():
+        fresh.state[p] = {k: v.clone() for k, v in opt.state[p].items()}
+    fresh.step()
+    torch_xla.sync()
+    assert not fresh._reserved
+    assert_same(fresh.state_dict()["state"][0]["step"], torch.tensor(2.0))

@@ -203,9 +203,8 @@ class SyncFreeOptimizer(DeviceScalars, TorchOptimStateDict, torch.optim.Optimize
         lineage = self._lineage
         for gi, group, params, grads, fused in work:
             fresh = [p for p in params if not self.state.get(p)]
-            for p in fresh:  # state made before the first forward (_fresh.py)
-                if p in self._reserved and _fresh.take(self, group, p, self.state[p]):
-                    lineage[p] = 0  # fresh: step 0, not ready
+            if self._reserved:  # state made before the first forward (_fresh.py)
+                self._take_reserved(group, params)
             if _low_precision.applies(group, params):  # bf16 params, master or SR
                 fused = _low_precision.step(self, gi, group, skip, params, grads)
             else:
@@ -215,6 +214,18 @@ class SyncFreeOptimizer(DeviceScalars, TorchOptimStateDict, torch.optim.Optimize
                 for p in params:  # (unknown history is always safe)
                     lineage.pop(p, None)
         return loss
+
+    def _take_reserved(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
+        """Hand each of ``params`` the state ``_fresh.reserve`` made for it,
+        or drop that state where the parameter got state another way since
+        (a checkpoint loaded into ``self.state``)."""
+        reserved = self._reserved
+        for p in params:
+            if p in reserved:
+                if self.state.get(p):
+                    del reserved[p]
+                elif _fresh.take(self, group, p, self.state[p]):
+                    self._lineage[p] = 0  # fresh: step 0, not ready
 
     @property
     def _device(self) -> torch.device:
