@@ -27,9 +27,9 @@ apart anyway (docs/sync_free.md, "The first step compiles once").
 """
 from __future__ import annotations
 
-import torch
-
 from typing import Any
+
+import torch
 
 from xla_amp._upload import materialize, upload as _upload
 from xla_amp.syncfree import _low_precision, _sharding
