@@ -65,9 +65,8 @@ def reserve(opt, group: dict[str, Any]) -> None:
             continue
         st: dict[str, Any] = {}
         if _low_precision.applies(group, [p]):
-            if positions is None:  # as the step numbers them (groups only append)
-                positions = {id(q): k for k, q in enumerate(
-                    q for g in opt.param_groups for q in g["params"])}
+            if positions is None:
+                positions = _low_precision.positions_of(opt)
             masters += _low_precision.reserve_state(opt, group, p, st, positions[id(p)])
         else:
             opt._init_state(group, p, st)

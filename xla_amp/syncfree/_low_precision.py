@@ -113,8 +113,7 @@ def step(opt, gi: int, group: dict[str, Any], skip, params: list[torch.Tensor],
         p = params[i]
         st = opt.state[p]
         if not master and _COUNTER not in st and positions is None:
-            positions = {id(q): k for k, q in enumerate(
-                q for g in opt.param_groups for q in g["params"])}
+            positions = positions_of(opt)
         init_state(group, p, st, positions[id(p)] if positions else 0, opt._seed)
         p.data = st[_MASTER] if master else p.detach().float()
         grads[i] = grads[i].float()
@@ -198,6 +197,12 @@ def _retype_state(opt, st: dict[str, Any], dtype: torch.dtype) -> None:
         v = st.get(key)
         if isinstance(v, torch.Tensor) and v.dtype != dtype and v.is_floating_point():
             st[key] = v.to(dtype)
+
+
+def positions_of(opt) -> dict[int, int]:
+    """id(parameter) -> its position in ``opt`` over all param groups (the
+    rounding counter's key; groups only ever append, so it is fixed)."""
+    return {id(q): k for k, q in enumerate(q for g in opt.param_groups for q in g["params"])}
 
 
 def _key(position: int, seed: int | None = None) -> int:
