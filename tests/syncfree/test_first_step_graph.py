@@ -120,6 +120,30 @@ def test_state_made_before_the_first_step_changes_no_bits(name, kw, device):
     assert_same(oa.state_dict(), ob.state_dict(), "state_dict")
 
 
+def test_state_made_for_a_parameter_left_out_of_the_first_step_is_given_back(device):
+    """A trainable parameter without a gradient at the first step (an unused
+    head) does not keep its reserved state; when it gets a gradient later,
+    its state is made then, as torch.optim makes it."""
+    model = _model(device)
+    opt = syncfree.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ref = torch.optim.SGD(copy.deepcopy(model).cpu().parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(4, 12)
+    for step, use_head in enumerate([False, True]):
+        for o, xx in ((opt, x.to(device)), (ref, x)):
+            params = list(o.param_groups[0]["params"])
+            h = F.linear(xx, params[0], params[1])  # the first layer only ...
+            if use_head:  # ... then the last one too
+                h = F.linear(torch.relu(h), params[4], params[5])
+            h.square().sum().backward()
+            o.step()
+            o.zero_grad()
+        torch_xla.sync()
+        if step == 0:
+            assert not opt._reserved and len(opt.state_dict()["state"]) == 2
+    for p, q in zip(opt.param_groups[0]["params"], ref.param_groups[0]["params"]):
+        torch.testing.assert_close(p.detach().cpu(), q.detach())
+
+
 def test_frozen_parameters_get_no_state(device):
     model = _model(device)
     model[0].requires_grad_(False)

@@ -213,6 +213,9 @@ class SyncFreeOptimizer(DeviceScalars, TorchOptimStateDict, torch.optim.Optimize
             if fused:  # the op advanced their counters: forget the lineages
                 for p in params:  # (unknown history is always safe)
                     lineage.pop(p, None)
+        # what no parameter took (none had a gradient) is not kept: its state
+        # is made at its first step, and later steps skip the lookup
+        self._reserved.clear()
         return loss
 
     def _take_reserved(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
@@ -357,4 +360,3 @@ class SyncFreeOptimizer(DeviceScalars, TorchOptimStateDict, torch.optim.Optimize
         if keep is not None:
             news = [torch.where(keep, d, n) for d, n in zip(dsts, news)]
         torch._foreach_copy_(dsts, news)
-

@@ -47,9 +47,9 @@ def full(shape, value, dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
     return torch.full(shape, value, dtype=dtype, device=like.device)
 
 
-def zeros_like(p: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Zeros of ``p``'s shape (and dtype unless given) on ``p``'s device."""
-    return full(p.shape, 0, dtype or p.dtype, p)
+def zeros_like(p: torch.Tensor) -> torch.Tensor:
+    """Zeros of ``p``'s shape and dtype on ``p``'s device."""
+    return full(p.shape, 0, p.dtype, p)
 
 
 def reserve(opt, group: dict[str, Any]) -> None:
