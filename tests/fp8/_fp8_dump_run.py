@@ -6,7 +6,7 @@ from xla_amp import fp8
 dev = torch_xla.device()
 torch.manual_seed(0)
 m = fp8.convert(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16)), fp8.Fp8Recipe()).to(dev)
-x = torch.randn(8, 32, device=dev)
+x = torch.randn(16, 32, device=dev)
 with xla_amp.autocast(dev, policy="tpu"):
     loss = m(x).float().pow(2).mean()
 loss.backward()

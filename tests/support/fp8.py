@@ -1,12 +1,13 @@
-"""Shared by the fp8 tests: a transformer block of Linear layers, and a
-matcher for the operand form XLA:GPU's GemmRewriter fuses into a
-cuBLASLt fp8 GEMM, written from xla/service/gpu/transforms/gemm_rewriter.cc
-(openxla/xla): each dot operand is
+"""Shared by the fp8 tests: a transformer block of Linear layers, and the
+gate on the lowered program that replaced the GemmRewriter matcher after the
+H100 run (docs/fp8.md): a converted matmul is a dot whose operands are
+float8 and whose result is wide (f32/bf16/f16),
 
-    [bitcast|broadcast|copy|reshape|transpose|slice|...]*  (layout only)
-      (multiply|divide)( convert(f8 -> wide), broadcast(scalar) )
+    dot(f8[..] a, f8[..] b) -> f32[..]
 
-the dot has one contracting dimension, and not both operands are e5m2.
+and no dot is fed a float8 value widened by a convert (the dequantize-then-
+dot form, which XLA:GPU folded into a plain f32 GEMM once the scales were
+runtime values), behind layout-only ops or a multiply/divide by a scalar.
 Run on torch_xla's HLO text (`_get_xla_tensors_hlo`), JAX's
 (``lowered.as_text(dialect="hlo")``) or an optimized dump.
 """
@@ -69,40 +70,50 @@ def _is_scalar_broadcast(instrs, name) -> bool:
     return False
 
 
-def fp8_operand(instrs, name) -> str | None:
-    """The f8 type an operand is dequantized from, or None if it is not in form."""
-    seen = 0
-    while instrs[name][1] in LAYOUT and seen < 32:
-        name = instrs[name][2][0]
-        seen += 1
-    typ, opcode, operands, _ = instrs[name]
-    if opcode not in ("multiply", "divide") or len(operands) != 2:
-        return None
-    a, b = operands
-    for conv, scale in ((a, b), (b, a)):
-        ctyp, cop, cops, _ = instrs[conv]
-        if cop == "convert" and _elem(instrs[cops[0]][0]).startswith("f8") \
-                and _elem(ctyp) in ("f32", "bf16", "f16") and _is_scalar_broadcast(instrs, scale):
-            if opcode == "divide" and conv != a:
-                continue
-            return _elem(instrs[cops[0]][0])
-    return None
+WIDE = ("f32", "bf16", "f16")
+
+
+def widened_f8(instrs, name) -> bool:
+    """Whether operand `name` is a float8 value converted to a wide type,
+    behind layout-only ops, converts between wide types and multiplies/divides
+    by a scalar."""
+    for _ in range(64):
+        typ, opcode, operands, _ = instrs[name]
+        if opcode in LAYOUT or (opcode == "convert" and _elem(instrs[operands[0]][0]) in WIDE):
+            name = operands[0]
+        elif opcode in ("multiply", "divide") and len(operands) == 2:
+            a, b = operands
+            if _is_scalar_broadcast(instrs, b):
+                name = a
+            elif _is_scalar_broadcast(instrs, a) and opcode == "multiply":
+                name = b
+            else:
+                return False
+        else:
+            return (opcode == "convert" and _elem(instrs[operands[0]][0]).startswith("f8")
+                    and _elem(typ) in WIDE)
+    return False
 
 
 def dots(hlo: str):
-    """[(dot name, (lhs f8 type | None, rhs f8 type | None), contracting dims ok)]"""
+    """[(dot name, (lhs element type, rhs element type), result element type,
+    an operand is a widened float8 value)] for every dot of every computation."""
     instrs = parse(hlo)
     out = []
     for name, (typ, opcode, operands, attrs) in instrs.items():
         if opcode != "dot":
             continue
-        kinds = tuple(fp8_operand(instrs, o) for o in operands[:2])
-        lhs = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", attrs)
-        one = lhs is not None and len(lhs.group(1).split(",")) == 1
-        out.append((name, kinds, one))
+        kinds = tuple(_elem(instrs[o][0]) for o in operands[:2])
+        out.append((name, kinds, _elem(typ), any(widened_f8(instrs, o) for o in operands[:2])))
     return out
 
 
-def in_form(entry) -> bool:
-    _, (lhs, rhs), one = entry
-    return lhs is not None and rhs is not None and one and not (lhs == rhs == "f8e5m2")
+def fp8_dot(entry) -> bool:
+    """A dot on float8 operands with a wide result (the form proven on the H100)."""
+    _, (lhs, rhs), result, _ = entry
+    return lhs.startswith("f8") and rhs.startswith("f8") and result in WIDE
+
+
+def dequantized(entries) -> list:
+    """The dots fed a widened float8 value: must be none."""
+    return [e for e in entries if e[3]]

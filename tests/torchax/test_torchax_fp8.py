@@ -1,8 +1,9 @@
 """xla_amp.fp8 on the torchax backend: the same layers (fp8/_linear.py's
 functions under a jax.custom_vjp) in a jitted make_train_step: every
 matmul of a transformer block's step -- forward, input and weight gradient
--- in the form XLA:GPU fuses into fp8 GEMMs (the matcher of the torch_xla
-test, on JAX's HLO), gradients in e5m2; the loss equals the torch_xla fp8
+-- a dot on float8 operands with an f32 result and no dot fed a widened
+float8 value (the gate of the torch_xla test, on JAX's HLO), gradients in
+e5m2; the loss equals the torch_xla fp8
 run's, with dynamic and with delayed scaling (the history rolled by the
 jitted step: amax(g) comes back as a probe's gradient); a skipped step
 leaves the history; a hand-written step without probes refuses delayed
@@ -16,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import tests.support.torchax as helpers_torchax  # noqa: F401  (JAX on CPU)
-from tests.support.fp8 import Block, dots, in_form
+from tests.support.fp8 import Block, dequantized, dots, fp8_dot
 
 import xla_amp
 import xla_amp.torchax as xt
@@ -33,13 +34,16 @@ def _block(scaling="dynamic"):
 
 @pytest.mark.parametrize("policy,scaling", [("tpu", "dynamic"), ("cuda", "dynamic"),
                                             ("tpu", "delayed")])
-def test_every_matmul_of_a_jitted_step_is_in_the_fp8_gemm_form(policy, scaling):
+def test_every_matmul_of_a_jitted_step_is_a_dot_on_float8_operands(policy, scaling):
     model, x, y = _block(scaling)
     hlo = xt.make_train_step(model, F.mse_loss, optax.sgd(0.1), policy=policy).lower(
         x, y).as_text(dialect="hlo")
-    found = [d for d in dots(hlo) if in_form(d)]
-    assert len(found) == 12, dots(hlo)
+    entries = dots(hlo)
+    found = [d for d in entries if fp8_dot(d)]
+    assert len(found) == 12, entries
+    assert all(d[2] == "f32" for d in found), found
     assert sum(d[1][0] == "f8e5m2" for d in found) == 8
+    assert dequantized(entries) == []
 
 
 @pytest.mark.parametrize("scaling", ["dynamic", "delayed"])
@@ -51,7 +55,7 @@ def test_losses_equal_the_torch_xla_fp8_run(device, scaling):
         return fp8.convert(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16)),
                            recipe)
     g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(8, 32, generator=g), torch.randn(8, 16, generator=g))
+    batches = [(torch.randn(16, 32, generator=g), torch.randn(16, 16, generator=g))
                for _ in range(4)]
     step = xt.make_train_step(mlp(), F.mse_loss, optax.sgd(0.1), policy="tpu")
     got = [float(step(x, y)) for x, y in batches]
@@ -85,7 +89,7 @@ def test_a_skipped_step_leaves_the_history():
 
     step = xt.make_train_step(model, loss_fn, optax.sgd(0.1), policy="tpu",
                               scaler=xt.LossScaler(init_scale=4.0))
-    x, y = torch.randn(8, 32), torch.ones(8, 65)
+    x, y = torch.randn(16, 32), torch.ones(16, 65)
     step(x, y)
     hist = np.asarray(step.state[1]["0.fp8_amax_history"]).copy()
     assert (hist[:, 0] > 0).all() and (hist[:, 1:] == 0).all()
@@ -104,4 +108,4 @@ def test_delayed_scaling_without_probes_is_refused():
     with ENV:
         model = model.to("jax")
         with pytest.raises(ValueError, match="delayed scaling needs a step that carries"):
-            model(torch.randn(8, 32, device="jax"))
+            model(torch.randn(16, 32, device="jax"))

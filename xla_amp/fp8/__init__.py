@@ -16,7 +16,7 @@ from xla_amp.fp8._convert import convert
 from xla_amp.fp8._history import attach, update_scales
 from xla_amp.fp8._linear import Fp8Linear
 from xla_amp.fp8._recipe import Fp8Recipe
-from xla_amp.fp8._report import Fp8Report, report
+from xla_amp.fp8._report import Fp8Fallback, Fp8Report, report
 
 __all__ = ["Fp8Recipe", "convert", "Fp8Linear", "update_scales", "attach", "report",
-           "Fp8Report"]
+           "Fp8Report", "Fp8Fallback"]

@@ -4,7 +4,9 @@ become `Fp8Linear`, in place.
     convert:  every candidate found and checked first (nothing is replaced
               on a bad one): not already converted, not kept by the recipe,
               both dimensions multiples of 16 (fp8 GEMMs need it; a layer
-              that is not is refused by name: keep it with recipe.keep);
+              that is not is refused by name: keep it with recipe.keep, or
+              unaligned="keep": left in the region's dtype, one log line
+              naming it, listed in report(model).fallback);
               no candidate at all is an error
               then each is swapped for an Fp8Linear holding the same
               Parameter objects (optimizers built before still point at them)
@@ -12,12 +14,17 @@ become `Fp8Linear`, in place.
 from __future__ import annotations
 
 import fnmatch
+import logging
 import warnings
 
 from torch import nn
 
 from xla_amp.fp8._linear import Fp8Linear
 from xla_amp.fp8._recipe import ALIGN, Fp8Recipe
+
+log = logging.getLogger("xla_amp")
+# set on a layer left in high precision by unaligned="keep": why (report reads it)
+FALLBACK_ATTR = "_xla_amp_fp8_fallback"
 
 
 def _is_conv1d(module) -> bool:
@@ -80,7 +87,9 @@ def convert(model: nn.Module, recipe: Fp8Recipe | None = None, *,
         raise TypeError(f"xla_amp.fp8.convert: recipe must be an Fp8Recipe, got "
                         f"{type(recipe).__name__}")
     found = candidates(model, recipe)
+    left = []
     if unaligned == "keep":
+        left = [f for f in found if not aligned(f[1])]
         found = [f for f in found if aligned(f[1])]
     if not found:
         raise ValueError(f"xla_amp.fp8.convert: {type(model).__name__} has no nn.Linear or "
@@ -96,9 +105,14 @@ def convert(model: nn.Module, recipe: Fp8Recipe | None = None, *,
     if skipped:
         warnings.warn(f"xla_amp.fp8.convert: left in high precision, nn.Linear subclasses it "
                       f"does not swap: {', '.join(skipped)}", stacklevel=2)
+    for name, module, _ in left:
+        why = (f"weight shape {tuple(module.weight.shape)}: fp8 GEMMs need every dimension "
+               f"to be a multiple of {ALIGN}")
+        setattr(module, FALLBACK_ATTR, why)
+        log.warning("xla_amp.fp8.convert: layer %r stays in the region's dtype: %s", name, why)
     modules = dict(model.named_modules())
     for name, module, transposed in found:
-        layer = Fp8Linear(module.weight, module.bias, recipe, transposed=transposed)
+        layer = Fp8Linear(module.weight, module.bias, recipe, transposed=transposed, name=name)
         if name == "":
             raise ValueError("xla_amp.fp8.convert: the model itself is a Linear; wrap it in a "
                              "module (convert replaces children in place)")

@@ -1,14 +1,19 @@
 """`Fp8Linear`: nn.Linear whose three matmuls run on scaled float8 operands.
 
-    forward   y  = deq(q(x)) @ deq(q(w)).T  (+ b)     x, w in e4m3
-    backward  dx = deq(q(g)) @ deq(q(w))               g in e5m2 (hybrid)
-              dw = deq(q(g)).T @ deq(q(x))             or e4m3
+    forward   y  = dot(q(x), q(w)) / (sx sw)  (+ b)     x, w in e4m3
+    backward  dx = dot(q(g), q(w)) / (sg sw)             g in e5m2 (hybrid)
+              dw = dot(q(g)^T, q(x)) / (sg sx)           or e4m3
 
-q/deq are _quant.py's (float32 dequantize, scalar scales): each dot operand
-is in the form XLA:GPU's GemmRewriter fuses into a cuBLASLt fp8 GEMM. The
-op runs with autocast off (a recast of the dequantized operands breaks the
-form); its output takes the autocast dtype when a region is open, else the
-input's. The backward keeps the float8 x and w (half bf16's bytes).
+q is _quant.quantize (tensorwise scales); dot is _dot.dot, a dot on the
+float8 values with a float32 result, which XLA:GPU turns into cuBLASLt's fp8
+GEMM (docs/fp8.md: what the H100 showed). The op runs with autocast off; its
+output takes the autocast dtype when a region is open, else the input's. The
+backward keeps the float8 x and w (half bf16's bytes).
+
+A call whose shape cannot take an fp8 GEMM (_dot.eligible: a dimension not a
+multiple of 16, e5m2 x e5m2, a float8 type the backend cannot dot) runs as
+F.linear in the region's dtype instead; the first such call of each kind logs
+one line naming the layer, and `report(model).fallback` lists it.
 
 Buffers (in state_dict; float32)::
 
@@ -22,13 +27,17 @@ Buffers change inside the step graph (copy_), never through the host.
 """
 from __future__ import annotations
 
+import logging
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from xla_amp.fp8 import _quant
+from xla_amp.fp8 import _dot, _quant
 from xla_amp.fp8._recipe import Fp8Recipe
 
 X, W, G = 0, 1, 2
+log = logging.getLogger("xla_amp")
 
 # device type -> matmul(layer, x, weight, bias) for tensors the autograd
 # Function cannot serve; xla_amp.torchax registers "jax" (register_backend)
@@ -79,8 +88,7 @@ def forward_impl(x, weight, bias, module, record: bool):
              module.fp8_stats[G]]))
         if recipe.scaling == "dynamic":
             module.fp8_scale.copy_(torch.stack([sx, sw, module.fp8_scale[G]]))
-    x2 = _quant.dequantize(xq, sx).reshape(-1, x.shape[-1])
-    y = x2 @ _quant.dequantize(wq, sw).t()
+    y = _quant.unscale(_dot.dot(xq.reshape(-1, x.shape[-1]), wq, 1, 1), sx, sw)
     if bias is not None:
         y = y + bias.float()
     return y.reshape(*x.shape[:-1], weight.shape[0]), (xq, wq, sx, sw,
@@ -119,10 +127,9 @@ def backward_impl(saved, grad_out, module, dtypes, record: bool):
     if record:
         module.fp8_stats.copy_(torch.cat([module.fp8_stats[:G],
                                           _quant.stats(g, gq, sg, fg).reshape(1, 2)]))
-    g_dq = _quant.dequantize(gq, sg)
-    grad_x = (g_dq @ _quant.dequantize(wq, sw)).reshape(xq.shape).to(x_dtype)
-    x2 = _quant.dequantize(xq, sx).reshape(-1, xq.shape[-1])
-    grad_w = (g_dq.t() @ x2).to(w_dtype)
+    grad_x = _quant.unscale(_dot.dot(gq, wq, 1, 0), sg, sw).reshape(xq.shape).to(x_dtype)
+    grad_w = _quant.unscale(_dot.dot(gq, xq.reshape(-1, xq.shape[-1]), 0, 0),
+                            sg, sx).to(w_dtype)
     # The clamp before the cast would turn an inf gradient into a finite one,
     # and the GradScaler would not skip: the non-finite amax goes on instead.
     grad_x = torch.where(finite, grad_x, ag.to(x_dtype))
@@ -152,6 +159,15 @@ class _Fp8MatMul(torch.autograd.Function):
 
 
 @torch.compiler.disable
+def _note_fallback(layer, why: str) -> None:
+    """Records a fallback on the layer; logs the first of each kind."""
+    if why not in layer.fallback:
+        layer.fallback[why] = None
+        log.warning("xla_amp.fp8: layer %r runs in the region's dtype, not fp8: %s",
+                    layer.fp8_name or type(layer).__name__, why)
+
+
+@torch.compiler.disable
 def _delayed_forward(module, x):
     """Delayed scaling writes its amax history from the backward, which
     torch.compile cannot capture inside an autograd.Function: under
@@ -166,12 +182,14 @@ class Fp8Linear(nn.Module):
     `xla_amp.fp8.convert`."""
 
     def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, recipe: Fp8Recipe,
-                 transposed: bool = False):
+                 transposed: bool = False, name: str = ""):
         super().__init__()
         self.weight = weight
         self.bias = bias
         self.recipe = recipe
         self.transposed = transposed  # Conv1D keeps weight as (in, out)
+        self.fp8_name = name  # qualified name in the converted model (log lines, report)
+        self.fallback: dict[str, None] = {}  # why calls ran in the region's dtype, in order
         dev = weight.device
         self.register_buffer("fp8_scale", torch.ones(3, device=dev))
         self.register_buffer("fp8_stats", torch.zeros(3, 2, device=dev))
@@ -202,6 +220,10 @@ class Fp8Linear(nn.Module):
 
     def _forward(self, x):
         weight = self.weight.t() if self.transposed else self.weight
+        why = self.ineligible(x)
+        if why is not None:
+            _note_fallback(self, why)
+            return F.linear(x, weight, self.bias)  # under the region's rules
         if x.device.type == "jax":  # torchax: the same functions under a jax.custom_vjp
             if _backends.get("jax") is None:
                 raise RuntimeError("xla_amp.fp8: a torchax tensor reached an Fp8Linear; fp8 on "
@@ -209,6 +231,13 @@ class Fp8Linear(nn.Module):
                                    "import xla_amp.torchax")
             return _backends["jax"](self, x, weight, self.bias)
         return _Fp8MatMul.apply(x, weight, self.bias, self)
+
+    def ineligible(self, x) -> str | None:
+        """Why a call on input `x` cannot run on float8 operands, or None."""
+        fx, fw, fg = self.recipe.dtypes()
+        k = self.in_features
+        return _dot.eligible(x.numel() // k if k else 0, k, self.out_features,
+                             ((fx, fw), (fg, fw), (fg, fx)), x.device.type)
 
     def extra_repr(self) -> str:
         r = self.recipe

@@ -1,13 +1,13 @@
 """Scaled float8 quantization, the one place it is written.
 
-The pattern XLA:GPU's GemmRewriter turns into a cuBLASLt fp8 GEMM
-(xla/service/gpu/transforms/gemm_rewriter.cc): each dot operand is
-``convert(f8 -> f32) * broadcast(scalar)``, with layout-only ops between
-it and the dot. So::
+Tensorwise scales: the dot runs on the float8 values themselves (_dot.py)
+and the scales are applied to its float32 result. So::
 
     quantize(t, s, f8)   = (t.float() * s).clamp(-fmax, fmax).to(f8)
                            (clamped first: float32 -> e4m3fn overflow is NaN)
-    dequantize(q, s)     = q.float() * (1 / s)      float32, scalar s
+    unscale(y, sa, sb)   = y * (1 / sa) * (1 / sb)   y = dot(qa, qb), float32;
+                           one factor at a time: (1/sa)(1/sb) alone can
+                           underflow where the product y/(sa sb) does not
     scale(amax, old)     = fmax / amax / 2**margin  (power_of_two: rounded
                            down to a power of two); a zero or non-finite amax
                            keeps `old`
@@ -43,8 +43,8 @@ def quantize(t: torch.Tensor, scale: torch.Tensor, fp8: torch.dtype) -> torch.Te
     return (t.float() * scale).clamp(-fmax, fmax).to(fp8)
 
 
-def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return q.float() * torch.reciprocal(scale)
+def unscale(y: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
+    return y * torch.reciprocal(sa) * torch.reciprocal(sb)
 
 
 def stats(t: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, fp8: torch.dtype):

@@ -7,6 +7,10 @@ of each operand (x, w, g) that its last quantization saturated (clamped to
 ±fmax) or flushed to zero (non-zero values that became 0). The training step
 writes them in-graph (no sync); `report` reads them all in one transfer,
 when you call it (between steps, not inside one).
+
+`fallback` lists the layers that ran in the region's dtype instead of fp8,
+with why: a call whose shape cannot take an fp8 GEMM (Fp8Linear), or a layer
+`convert(..., unaligned="keep")` left in high precision.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import dataclasses
 import torch
 from torch import nn
 
+from xla_amp.fp8._convert import FALLBACK_ATTR
 from xla_amp.fp8._linear import Fp8Linear
 
 OPERANDS = ("x", "w", "g")
@@ -31,8 +36,15 @@ class Fp8Row:
 
 
 @dataclasses.dataclass(frozen=True)
+class Fp8Fallback:
+    layer: str
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Fp8Report:
     rows: tuple[Fp8Row, ...]
+    fallback: tuple[Fp8Fallback, ...] = ()
 
     def worst(self, what: str = "saturated", n: int = 5) -> list[Fp8Row]:
         """The `n` layers with the largest `what` ("saturated"|"underflow") fraction."""
@@ -49,6 +61,7 @@ class Fp8Report:
             cells = " ".join(f"{r.scale[i]:>10.4g} {100 * r.saturated[i]:>7.3f} "
                              f"{100 * r.underflow[i]:>7.3f}" for i in range(3))
             lines.append(f"{r.layer:<32} {r.scaling:<8} {cells}")
+        lines += [f"{f.layer:<32} fallback: {f.why}" for f in self.fallback]
         return "\n".join(lines)
 
 
@@ -70,4 +83,9 @@ def report(model: nn.Module) -> Fp8Report:
         rows.append(Fp8Row(name, m.recipe.scaling, tuple(v[0:3]), tuple(v[3:6]),
                            tuple(v[6:9]), tuple(v[9:12]) if m.recipe.scaling == "delayed"
                            else None))
-    return Fp8Report(tuple(rows))
+    fallback = []
+    for name, m in model.named_modules():
+        reasons = m.fallback if isinstance(m, Fp8Linear) else (
+            [getattr(m, FALLBACK_ATTR)] if hasattr(m, FALLBACK_ATTR) else [])
+        fallback += [Fp8Fallback(name, why) for why in reasons]
+    return Fp8Report(tuple(rows), tuple(fallback))

@@ -13,6 +13,14 @@ instead of differentiating the quantization.
                  -> (grads, amax(g) as the probe's cotangent)
         output: the region's dtype under xla_amp.torchax.autocast, else x's
 
+Inside, the three matmuls are `_dot.dot` on torchax tensors, which this
+module serves with ``jax.lax.dot_general`` on the float8 arrays
+(preferred_element_type=float32): the lowered program's dots have float8
+operands, the form XLA:GPU turns into cuBLASLt fp8 GEMMs. A float8 pair the
+default JAX backend cannot compile into a dot (`_supports`, probed once per
+pair on a 16 x 16 dot) makes the layer run in the region's dtype instead, and
+is logged once, by name.
+
 A custom_vjp cannot write a buffer from its backward, so the output
 gradient's amax leaves it as the cotangent of a zero "probe" input: a step
 that differentiates the probes too (make_train_step does, `probing`) gets
@@ -23,15 +31,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import threading
 
 import jax
 import jax.numpy as jnp
 
-from xla_amp.fp8 import _linear
+from xla_amp.fp8 import _dot, _linear
 from xla_amp.torchax import _region
 
 _probes = threading.local()
+log = logging.getLogger("xla_amp")
 
 
 @contextlib.contextmanager
@@ -99,4 +109,35 @@ def _bwd(layer, env, dtypes, out_dtype, saved, g):
 
 
 _vjp.defvjp(_fwd, _bwd)
+
+
+def _dims(ca: int, cb: int):
+    return (((ca,), (cb,)), ((), ()))
+
+
+def dot(a, b, ca: int, cb: int):
+    """`_dot.dot` for torchax tensors: a dot on the float8 arrays themselves."""
+    out = jax.lax.dot_general(a.jax(), b.jax(), _dims(ca, cb),
+                              preferred_element_type=jnp.float32)
+    return _env(a).j2t_iso(out)
+
+
+@functools.lru_cache(maxsize=None)
+def _supports(da, db) -> bool:
+    """Whether the default JAX backend compiles a dot on (da, db) operands."""
+    from torchax.ops.mappings import t2j_dtype
+    try:
+        jax.jit(lambda a, b: jax.lax.dot_general(a, b, _dims(1, 1),
+                                                 preferred_element_type=jnp.float32)).lower(
+            jax.ShapeDtypeStruct((16, 16), t2j_dtype(da)),
+            jax.ShapeDtypeStruct((16, 16), t2j_dtype(db))).compile()
+    except Exception as e:  # noqa: BLE001 -- any refusal means: not on this backend
+        log.warning("xla_amp.fp8: the %s JAX backend cannot dot %s x %s (%s); fp8 layers "
+                    "run in the region's dtype", jax.default_backend(), da, db,
+                    str(e).splitlines()[0][:200])
+        return False
+    return True
+
+
 _linear.register_backend("jax", matmul)
+_dot.register_dot("jax", dot, _supports)
