@@ -195,11 +195,13 @@ def print_result(result: dict) -> None:
 
 def run_worker(script: str, argv: Sequence[str], what: str,
                env: dict | None = None) -> dict:
-    """Runs ``python script *argv`` (a benchmark in its worker mode) in a
-    subprocess and returns the result it printed with ``print_result`` (even
-    if the process then failed on its way out); a worker that printed none
-    ends the benchmark with its output's tail."""
-    proc = subprocess.run([sys.executable, os.path.abspath(script), *argv],
+    """Runs ``python script *argv`` (a benchmark in its worker mode; a dotted
+    name without ".py" runs as ``python -m name`` from the current folder) in
+    a subprocess and returns the result it printed with ``print_result``
+    (even if the process then failed on its way out); a worker that printed
+    none ends the benchmark with its output's tail."""
+    target = [os.path.abspath(script)] if script.endswith(".py") else ["-m", script]
+    proc = subprocess.run([sys.executable, *target, *argv],
                           capture_output=True, text=True, env=env)
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT):

@@ -1,6 +1,8 @@
 """fp8 against bf16 AMP per training step on XLA (issue #37), side by side.
 
     PJRT_DEVICE=CPU .venv/bin/python benchmarks/fp8.py [--model lm|mlp] [--rounds 10]
+    python benchmarks/fp8.py --gpu [--out DIR] ...   the GPU benchmark of issue #50
+                                                     (benchmarks/fp8_gpu.py)
 
 Models: ``lm`` a GPT-2-shaped LM (Transformers, 2 layers x 256, 4 heads,
 vocab 1024, seq 128, batch 8: its Conv1D layers and the tied head in fp8);
@@ -23,7 +25,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
+
+if __name__ == "__main__" and "--gpu" in sys.argv[1:]:
+    # run from the checkout's root as a module: this folder on sys.path would
+    # shadow the torchax package with benchmarks/torchax.py
+    os.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    os.execv(sys.executable, [sys.executable, "-m", "benchmarks.fp8_gpu",
+                              *[a for a in sys.argv[1:] if a != "--gpu"]])
 
 import torch
 import torch.nn as nn

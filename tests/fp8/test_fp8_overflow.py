@@ -49,8 +49,8 @@ def test_an_overflow_behind_fp8_layers_is_skipped(device, scaling, fmt, optimize
         model.parameters(), lr=0.1, momentum=0.9)
     fp8.attach(opt, model)
     scaler = xla_amp.GradScaler(init_scale=256.0)
-    x = torch.randn(8, 32).to(device)
-    y = torch.randn(8, 16).to(device)
+    x = torch.randn(16, 32).to(device)
+    y = torch.randn(16, 16).to(device)
     before = None
     for step in range(4):
         if step == 2:

@@ -10,7 +10,7 @@ import torch
 from xla_amp.fp8 import Fp8Recipe
 
 STEPS = 20
-BATCH = 8
+BATCH = 16
 # test id -> (precision, the plugin's other arguments): 16-mixed under the
 # cuda rules (the ones XLA:GPU users get), bf16-true with an fp32 master or
 # with stochastic rounding

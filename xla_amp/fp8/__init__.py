@@ -1,5 +1,5 @@
-"""fp8 training: scaled float8 matmuls that XLA:GPU turns into cuBLASLt fp8
-GEMMs, emulated exactly elsewhere (docs/fp8.md).
+"""fp8 training: scaled float8 matmuls, each a dot on float8 operands with a
+float32 result (the form XLA:GPU turns into cuBLASLt fp8 GEMMs; docs/fp8.md).
 
     model = xla_amp.fp8.convert(model, Fp8Recipe(scaling="delayed"))
     xla_amp.fp8.attach(optimizer, model)      # delayed: roll per optimizer step
@@ -10,7 +10,8 @@ GEMMs, emulated exactly elsewhere (docs/fp8.md).
     update_scales  roll the amax histories after a step; attach does it
                    after every optimizer.step (_history.py)
     report         per-layer scales, saturated and underflow fractions,
-                   read in one transfer between steps (_report.py)
+                   read in one transfer between steps; .fallback: layers
+                   that ran in the region's dtype, with why (_report.py)
 """
 from xla_amp.fp8._convert import convert
 from xla_amp.fp8._history import attach, update_scales

@@ -1,0 +1,297 @@
+"""fp8 against bf16 on a GPU (issue #50), one prepared command for a lent one.
+
+    python benchmarks/fp8.py --gpu [--out DIR] [--smoke] [--models mlp,gpt2]
+    python -m benchmarks.fp8_gpu ...          (the same, from the checkout's root)
+
+Models (the issue's):
+  mlp    4 residual blocks of Linear(4096 -> 16384) -> GELU -> Linear(16384 ->
+         4096) over 8192 tokens, MSE against a fixed random teacher
+  gpt2   GPT-2 small (benchmarks/_gpt.py: 12 x 768, 12 heads, vocab 50257,
+         seq 1024, batch 8) with its MLPs (c_fc, mlp_proj) in fp8
+Variants, from the same weights on the same batches: ``bf16`` (policy tpu)
+and ``fp8`` (the same with xla_amp.fp8.convert, delayed scaling, as
+docs/fp8.md recommends). Engines, where they run: ``torchax``
+(xla_amp.torchax.make_train_step, optax.adamw) always; ``torch_xla``
+(autocast + GradScaler + syncfree.AdamW) where torch_xla is installed: not on
+the lent GPU's image, so there it is reported as not run.
+
+Per (engine, model) one worker process builds both variants, compiles each
+step (timed), then trains --steps steps in --rounds interleaved rounds (the
+first step of each, its compilation, untimed): ms/step is the median over
+rounds, the ratio the median of per-round ratios. It reports:
+  - the lowered program's dots on float8 operands (the CPU tests' gate) and
+    the optimized program's GEMMs: cuBLASLt fp8 (`__cublas$lt$matmul$f8`)
+    against all (cuBLAS/cuBLASLt custom calls + Triton GEMM fusions; on a
+    backend with neither, its dots);
+  - the loss of each variant after --steps steps (mean of the last 10) and
+    fp8's relative difference from bf16.
+Results: DIR/fp8_gpu.json and DIR/fp8_gpu.md (DIR: --out, else $OUT, else
+build/). On the lent GPU: carry torchax's wheel, ``pip install --no-deps`` it,
+then run with the checkout's root as the current folder. --smoke: tiny
+shapes, a few steps (a check of the script itself on the CPU).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import statistics
+import time
+
+from benchmarks import _harness as H
+
+ENGINES = ("torchax", "torch_xla")
+VARIANTS = ("bf16", "fp8")
+FULL = {"mlp": dict(d=4096, hidden=16384, blocks=4, tokens=8192),
+        "gpt2": dict(vocab=50257, seq=1024, d=768, heads=12, layers=12, batch=8)}
+SMOKE = {"mlp": dict(d=64, hidden=256, blocks=4, tokens=256),
+         "gpt2": dict(vocab=512, seq=64, d=64, heads=4, layers=2, batch=4)}
+KEEP = {"mlp": (), "gpt2": ("*.c_attn", "*.c_proj")}  # GPT-2: only the MLPs in fp8
+_CUBLAS = re.compile(r'custom_call_target="(__cublas\$[\w$]+)"')
+_TRITON_GEMM = re.compile(r'"kind":"__triton_gemm"')
+
+
+def build(model: str, shapes: dict, n_batches: int = 4):
+    """(module, [(input, target)], loss_fn(output, target)) on the CPU, seed 0."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    if model == "mlp":
+        class Residual(nn.Module):
+            def __init__(self, d, hidden):
+                super().__init__()
+                self.up, self.down = nn.Linear(d, hidden), nn.Linear(hidden, d)
+
+            def forward(self, x):
+                return x + self.down(F.gelu(self.up(x)))
+        d = shapes["d"]
+        net = nn.Sequential(*(Residual(d, shapes["hidden"]) for _ in range(shapes["blocks"])))
+        teacher = torch.randn(d, d, generator=g) / d ** 0.5
+        xs = [torch.randn(shapes["tokens"], d, generator=g) for _ in range(n_batches)]
+        return net, [(x, torch.tanh(x @ teacher)) for x in xs], \
+            lambda out, y: F.mse_loss(out.float(), y)
+    from benchmarks._gpt import GPT, lm_loss
+    net = GPT(shapes["vocab"], shapes["seq"], shapes["d"], shapes["heads"], shapes["layers"],
+              tied=True)
+    toks = [torch.randint(0, shapes["vocab"], (shapes["batch"], shapes["seq"] + 1), generator=g)
+            for _ in range(n_batches)]
+    return net, [(t[:, :-1], t[:, 1:]) for t in toks], lambda out, y: lm_loss(out.float(), y)
+
+
+def gemm_counts(lowered: str, optimized: str) -> dict:
+    """Dots on float8 operands in the lowered program; GEMMs of the optimized
+    one (None where the engine gives no optimized text)."""
+    from tests.support.fp8 import dots, fp8_dot
+    low = dots(lowered)
+    if not optimized:
+        return {"lowered_dots": len(low), "lowered_fp8_dots": sum(fp8_dot(e) for e in low),
+                "gemms": None, "cublas_fp8": None}
+    calls = _CUBLAS.findall(optimized)
+    triton = len(_TRITON_GEMM.findall(optimized))
+    opt_dots = dots(optimized)
+    gemms = len(calls) + triton or len(opt_dots)
+    return {"lowered_dots": len(low), "lowered_fp8_dots": sum(fp8_dot(e) for e in low),
+            "gemms": gemms, "cublas_fp8": calls.count("__cublas$lt$matmul$f8"),
+            "cublas": len(calls), "triton_gemms": triton,
+            "optimized_fp8_dots": sum(fp8_dot(e) for e in opt_dots)}
+
+
+class TorchaxVariant:
+    """One variant's jitted step (xla_amp.torchax) and its batches on the device."""
+
+    def __init__(self, model: str, variant: str, args):
+        import jax
+        import optax
+        import xla_amp.torchax as xt
+        from xla_amp import fp8
+        net, batches, self.loss_fn = build(model, (SMOKE if args.smoke else FULL)[model])
+        if variant == "fp8":
+            fp8.convert(net, fp8.Fp8Recipe(scaling="delayed", keep=KEEP[model]))
+        self.step = xt.make_train_step(net, self.loss_fn, optax.adamw(args.lr), policy="tpu")
+        self.batches = [self.step.place_batch(*b) for b in batches]
+        self.block = jax.block_until_ready
+        self.k, self.losses = 0, []
+
+    def compile(self) -> dict:
+        t0 = time.perf_counter()
+        lowered = self.step.lower(*self.batches[0])
+        compiled = lowered.compile()
+        out = {"compile_s": time.perf_counter() - t0}
+        out.update(gemm_counts(lowered.as_text(dialect="hlo"), compiled.as_text()))
+        self.run(1)  # the step's first call (cached now), untimed
+        self.wait()
+        return out
+
+    def run(self, n: int) -> None:
+        for _ in range(n):
+            self.losses.append(self.step(*self.batches[self.k % len(self.batches)]))
+            self.k += 1
+
+    def wait(self) -> None:
+        self.block(self.losses[-1])
+
+    def loss_values(self) -> list[float]:
+        return [float(v) for v in self.losses]
+
+
+class TorchXlaVariant:
+    """The same on torch_xla: autocast(tpu) + GradScaler + syncfree.AdamW."""
+
+    def __init__(self, model: str, variant: str, args):
+        import torch_xla
+        import xla_amp
+        from xla_amp import fp8, syncfree
+        self.dev = torch_xla.device()
+        net, batches, self.loss_fn = build(model, (SMOKE if args.smoke else FULL)[model])
+        if variant == "fp8":
+            fp8.convert(net, fp8.Fp8Recipe(scaling="delayed", keep=KEEP[model]))
+        self.net = net.to(self.dev)
+        self.opt = syncfree.AdamW(self.net.parameters(), lr=args.lr)
+        if variant == "fp8":
+            fp8.attach(self.opt, self.net)
+        self.scaler = xla_amp.GradScaler()
+        self.batches = [(x.to(self.dev), y.to(self.dev)) for x, y in batches]
+        self.k, self.losses, self.lowered = 0, [], ""
+
+    def _one(self, keep_hlo: bool = False) -> None:
+        import torch_xla
+        import xla_amp
+        x, y = self.batches[self.k % len(self.batches)]
+        self.opt.zero_grad()
+        with xla_amp.autocast(self.dev, policy="tpu"):
+            loss = self.loss_fn(self.net(x), y)
+        self.scaler.scale(loss).backward()
+        if keep_hlo:
+            grads = [p.grad for p in self.net.parameters() if p.grad is not None]
+            self.lowered = torch_xla._XLAC._get_xla_tensors_hlo([loss] + grads)
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        torch_xla.sync()
+        self.losses.append(loss.detach())
+        self.k += 1
+
+    def compile(self) -> dict:
+        t0 = time.perf_counter()
+        self._one(keep_hlo=True)
+        self.wait()
+        out = {"compile_s": time.perf_counter() - t0}  # first step: trace + compile + run
+        out.update(gemm_counts(self.lowered, ""))  # optimized: not read back on torch_xla
+        return out
+
+    def run(self, n: int) -> None:
+        for _ in range(n):
+            self._one()
+
+    def wait(self) -> None:
+        H.wait_device()
+
+    def loss_values(self) -> list[float]:
+        import torch
+        return torch.stack(self.losses).float().cpu().tolist()
+
+
+def worker(engine: str, model: str, args) -> dict:
+    cls = TorchaxVariant if engine == "torchax" else TorchXlaVariant
+    variants = {v: cls(model, v, args) for v in VARIANTS}
+    out = {v: variants[v].compile() for v in VARIANTS}  # warm-up: every graph built
+    per_round = max(1, (args.steps - 1) // args.rounds)
+    ms = {v: [] for v in VARIANTS}
+
+    def run_one(v, r):
+        var = variants[v]
+        var.wait()
+        t0 = time.perf_counter()
+        var.run(per_round)
+        var.wait()
+        ms[v].append((time.perf_counter() - t0) * 1e3 / per_round)
+    H.interleaved(VARIANTS, args.rounds, run_one)
+    for v in VARIANTS:
+        losses = variants[v].loss_values()
+        out[v].update(ms_per_step=H.median(ms[v]), steps=len(losses), first_loss=losses[0],
+                      final_loss=statistics.fmean(losses[-10:]))
+    out["fp8_speedup"] = H.paired_ratio(ms["bf16"], ms["fp8"])
+    out["loss_rel_diff"] = abs(out["fp8"]["final_loss"] / out["bf16"]["final_loss"] - 1)
+    out["environment"] = environment()
+    return out
+
+
+def environment() -> dict:
+    import jax
+    import torch
+    env = {"commit": os.popen("git rev-parse --short HEAD 2>/dev/null").read().strip(),
+           "torch": torch.__version__, "jax": jax.__version__,
+           "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()]}
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(0)
+    return env
+
+
+def report(results: dict) -> str:
+    lines = ["| engine | model | variant | ms/step | fp8 speed-up | compile s | "
+             "fp8 dots (lowered) | cuBLASLt fp8 / all GEMMs | loss first -> last | "
+             "fp8 vs bf16 loss |", "|" + "---|" * 10]
+    for key, res in results.items():
+        engine, model = key.split(":")
+        if "not_run" in res:
+            lines.append(f"| {engine} | {model} | - | not run: {res['not_run']} |" + " |" * 6)
+            continue
+        for v in VARIANTS:
+            r = res[v]
+            lines.append(
+                f"| {engine} | {model} | {v} | {r['ms_per_step']:.2f} | "
+                f"{res['fp8_speedup']:.3f}x | {r['compile_s']:.1f} | "
+                f"{r['lowered_fp8_dots']}/{r['lowered_dots']} | "
+                f"{'n/a' if r['gemms'] is None else str(r['cublas_fp8']) + '/' + str(r['gemms'])}"
+                f" | {r['first_loss']:.4f} -> "
+                f"{r['final_loss']:.4f} | {100 * res['loss_rel_diff']:.2f} % |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT") or "build")
+    ap.add_argument("--models", default="mlp,gpt2")
+    ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--worker", default="", help="ENGINE:MODEL (internal)")
+    args = ap.parse_args(argv)
+    if args.smoke and args.steps == 100:
+        args.steps, args.rounds = 13, 3
+    if args.worker:
+        H.print_result(worker(*args.worker.split(":"), args))
+        return
+    os.makedirs(args.out, exist_ok=True)
+    results, env = {}, dict(os.environ)
+    env.setdefault("PJRT_DEVICE", "CUDA" if importlib.util.find_spec("torch_xla") is None
+                   else "CPU")
+    common = ["--steps", str(args.steps), "--rounds", str(args.rounds), "--lr", str(args.lr)]
+    common += ["--smoke"] if args.smoke else []
+    for engine in args.engines.split(","):
+        for model in args.models.split(","):
+            key = f"{engine}:{model}"
+            needs = "torchax" if engine == "torchax" else "torch_xla"
+            if importlib.util.find_spec(needs) is None:
+                results[key] = {"not_run": f"{needs} is not installed"}
+                continue
+            t0 = time.perf_counter()
+            results[key] = H.run_worker("benchmarks.fp8_gpu", ["--worker", key, *common],
+                                        key, env=env)
+            results[key]["wall_s"] = time.perf_counter() - t0
+            print(key, json.dumps(results[key]), flush=True)
+    table = report(results)
+    with open(os.path.join(args.out, "fp8_gpu.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(args.out, "fp8_gpu.md"), "w") as f:
+        f.write(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
