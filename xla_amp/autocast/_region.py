@@ -4,6 +4,7 @@
     with autocast(device, policy="cuda"):        # another system's rules
     @autocast(device)                            # decorator
     with autocast(device, record=True) as ac:    # ac.report(): what ran in which dtype
+    with autocast(device, fp32_matmul_precision="highest")   # see _matmul_precision.py
 
 Algorithm::
 
@@ -11,6 +12,9 @@ Algorithm::
             policy = policy arg | policies.for_hardware(xla_device_hw(device))
             dtype  = dtype arg  | policy.default_dtype
             if dtype not in policy.supported_dtypes: warn once, enabled = False
+            fp32_matmul_precision given -> policy.with_overrides(it) (explicit)
+            _matmul_precision.claim(the policy's effective precision): torch_xla
+                has one per process; a request it cannot honour is refused here
     enter:  one native call: save the thread's XLA autocast state, push the
             policy on this thread's stack, set enabled/dtype/cache, nest
             (torch.export's pre-dispatch trace is told, as for torch.autocast)
@@ -29,8 +33,9 @@ import warnings
 import torch
 
 from xla_amp import _devices, _engine, policies
-from xla_amp.autocast import _recording
+from xla_amp.autocast import _matmul_precision, _recording
 from xla_amp.autocast._report import PrecisionReport
+from xla_amp.policies import _matmul_precision as matmul_precision
 from xla_amp.policies._policy import Policy
 
 _warned: set[tuple[str, torch.dtype]] = set()
@@ -104,11 +109,11 @@ class autocast(torch.amp.autocast):
 
     def __init__(self, device, enabled: bool = True, dtype: torch.dtype | None = None,
                  cache_enabled: bool = True, policy: str | Policy | None = None,
-                 record: bool = False):
+                 record: bool = False, fp32_matmul_precision: str | None = None):
         try:
             key = (device, type(device), enabled, type(enabled), dtype, cache_enabled,
                    type(cache_enabled), policy, type(policy), record, type(record),
-                   policies._generation)
+                   fp32_matmul_precision, type(fp32_matmul_precision), policies._generation)
             built = _built.get(key)
         except TypeError:  # an unhashable argument: the checks below name it
             key = built = None
@@ -118,13 +123,13 @@ class autocast(torch.amp.autocast):
             for name, value in built:
                 setattr(self, name, value)
             return
-        self._build(device, enabled, dtype, cache_enabled, policy, record)
+        self._build(device, enabled, dtype, cache_enabled, policy, record, fp32_matmul_precision)
         if key is not None and self._enabled == enabled:  # not a warned, disabled region
             if len(_built) >= _BUILT_MAX:
                 _built.clear()
             _built[key] = tuple(self.__dict__.items())
 
-    def _build(self, device, enabled, dtype, cache_enabled, policy, record):
+    def _build(self, device, enabled, dtype, cache_enabled, policy, record, precision):
         self.xla_device = _xla_device(device)
         for name, value in (("enabled", enabled), ("cache_enabled", cache_enabled),
                             ("record", record)):
@@ -135,6 +140,10 @@ class autocast(torch.amp.autocast):
                 f"autocast: dtype must be a floating torch.dtype (torch.bfloat16, "
                 f"torch.float16) or None, got {dtype!r}")
         self.policy = _policy_for(self.xla_device, policy)
+        if precision is not None:
+            matmul_precision.check(precision, "xla_amp.autocast")
+            self.policy = self.policy.with_overrides(
+                name=self.policy.name, fp32_matmul_precision=precision)
         if dtype is None:
             dtype = self.policy.default_dtype
         if enabled and dtype not in self.policy.supported_dtypes:
@@ -149,6 +158,9 @@ class autocast(torch.amp.autocast):
             dtype = self.policy.default_dtype
         super().__init__("xla", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
         self._table = _engine.compile(self.policy)  # bad policies fail here, not on enter
+        if enabled:
+            _matmul_precision.claim(self.policy.effective_fp32_matmul_precision(),
+                                    self.policy.name, self.policy.fp32_matmul_precision_requested)
         self._record = record
         self._recorder = None
 

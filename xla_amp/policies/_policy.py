@@ -52,8 +52,11 @@ from typing import Iterable, Mapping
 
 import torch
 
+from xla_amp.policies import _matmul_precision as matmul_precision
 from xla_amp.policies import _ops as ops
 from xla_amp.policies import _removed as removed
+from xla_amp.policies._adaptations import (  # noqa: F401  (part of this module's surface)
+    ADAPTATIONS, adaptation_reason, load_adaptations, xla_adaptations)
 
 CATEGORIES = (
     "lower_precision_fp",
@@ -64,7 +67,6 @@ CATEGORIES = (
     "banned",
 )
 
-ADAPTATIONS = ("fp32_compute", "promote_mixed")
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -99,8 +101,20 @@ class Policy:
     removed_in: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # ops of the file the running torch lacks, left out: op -> that release
     skipped_ops: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # the precision of float32 dots and convolutions ("highest" | "high" |
+    # "default"), and whether PyTorch's CUDA TF32 switch lowers "highest" to
+    # "high" (_matmul_precision.py)
+    fp32_matmul_precision: str = "default"
+    fp32_matmul_precision_follows_torch: bool = False
+    # set by with_overrides(fp32_matmul_precision=...): a request, refused
+    # where an engine cannot honour it (a file's value is the system's statement)
+    fp32_matmul_precision_requested: bool = False
 
     def __post_init__(self):
+        matmul_precision.check(self.fp32_matmul_precision, f"policy {self.name!r}")
+        if not isinstance(self.fp32_matmul_precision_follows_torch, bool):
+            raise ValueError(f"policy {self.name!r}: fp32_matmul_precision_follows_torch must "
+                             f"be a bool, got {self.fp32_matmul_precision_follows_torch!r}")
         for op, cat in self.categories.items():
             if cat not in CATEGORIES:
                 raise ValueError(
@@ -153,6 +167,12 @@ class Policy:
             return self.categories.get(f"{ns}::{base}")
         return None
 
+    def effective_fp32_matmul_precision(self) -> str:
+        """The precision float32 matmuls get under this policy now (its
+        ``fp32_matmul_precision``, "high" where it follows PyTorch's TF32
+        switch and that is on)."""
+        return matmul_precision.effective(self)
+
     def adaptation(self, op: str) -> str | None:
         """The XLA adaptation the engine applies to `op` under this policy
         (``"fp32_compute"``, ``"promote_mixed"``), or None: the op has a
@@ -191,13 +211,22 @@ class Policy:
                        fp32_append_dtype: Iterable[str] = (),
                        promote: Iterable[str] = (),
                        banned: Mapping[str, str] | Iterable[str] = (),
-                       remove: Iterable[str] = ()) -> "Policy":
+                       remove: Iterable[str] = (),
+                       fp32_matmul_precision: str | None = None) -> "Policy":
         """A new policy: these ops moved into these categories, `remove`d ops
-        autocast no more. Validates everything first; on error nothing changes
-        (policies are immutable) and the ValueError names the op.
+        autocast no more, float32 matmuls at `fp32_matmul_precision` (then
+        exactly that: PyTorch's TF32 switch no longer applies). Validates
+        everything first; on error nothing changes (policies are immutable)
+        and the ValueError names the op or value.
 
         `banned` may map op -> explanation shown when it is called.
         """
+        precision = {}
+        if fp32_matmul_precision is not None:
+            precision = {"fp32_matmul_precision": matmul_precision.check(
+                fp32_matmul_precision, "with_overrides"),
+                "fp32_matmul_precision_follows_torch": False,
+                "fp32_matmul_precision_requested": True}
         requested = {
             "lower_precision_fp": lower_precision_fp, "fp32": fp32,
             "fp32_set_opt_dtype": fp32_set_opt_dtype,
@@ -248,7 +277,7 @@ class Policy:
             reasons.update(banned)
         return dataclasses.replace(
             self, name=name or f"{self.name}+overrides", categories=categories,
-            sources=sources, banned_reasons=reasons)
+            sources=sources, banned_reasons=reasons, **precision)
 
     def replace_category(self, category: str, names: Iterable[str],
                          source: str = "override") -> "Policy":
@@ -277,32 +306,6 @@ def check_op_fits(op: str, category: str) -> None:
     elif category == "fp32_append_dtype":
         for overload in ops.overloads(op):
             ops.append_dtype_target(overload)
-
-
-def load_adaptations(path: str | Path) -> tuple[dict[str, str], dict[str, str]]:
-    """Reads an XLA adaptation table: ({op: kind}, {op: reason}). Errors name
-    the file and line of the culprit."""
-    path = Path(path)
-    text, data = removed.read_toml(path)
-    kinds: dict[str, str] = {}
-    reasons: dict[str, str] = {}
-    for section, entries in data.items():
-        if section not in ADAPTATIONS or not isinstance(entries, dict):
-            raise ValueError(f"{path}: [{section}] is not an adaptation; one of "
-                             f"{', '.join(ADAPTATIONS)}")
-        for op, value in entries.items():
-            where = f"{path}:{removed.line_of(text, op)}"
-            try:
-                ops.validate(op)
-            except ValueError as e:
-                raise ValueError(f"{where}: {e}") from None
-            if op in kinds:
-                raise ValueError(f"{where}: {op} is in [{kinds[op]}] and [{section}]")
-            if not isinstance(value, dict) or not value.get("reason"):
-                raise ValueError(f"{where}: {op} needs a reason (and a reproducer)")
-            kinds[op] = section
-            reasons[op] = value["reason"]
-    return kinds, reasons
 
 
 def load(path: str | Path) -> Policy:
@@ -370,30 +373,17 @@ def load(path: str | Path) -> Policy:
                     reasons[op] = value["reason"]
             else:
                 sources[op] = str(value)
+    precision = matmul_precision.check(data.get("fp32_matmul_precision", "default"),
+                                       where("fp32_matmul_precision"))
+    follows = data.get("fp32_matmul_precision_follows_torch", False)
+    if not isinstance(follows, bool):
+        raise ValueError(f"{where('fp32_matmul_precision_follows_torch')}: "
+                         f"fp32_matmul_precision_follows_torch must be true or false, "
+                         f"got {follows!r}")
     return Policy(
+        fp32_matmul_precision=precision, fp32_matmul_precision_follows_torch=follows,
         name=data["name"], default_dtype=dtypes[0],
         supported_dtypes=tuple(dict.fromkeys(dtypes[1:])), categories=categories,
         sources=sources, banned_reasons=reasons,
         description=data.get("description", ""), uncast=uncast,
         removed_in=removed_in, skipped_ops=skipped)
-
-
-_adaptations: tuple[dict[str, str], dict[str, str]] | None = None
-
-
-def _adaptation_table() -> tuple[dict[str, str], dict[str, str]]:
-    global _adaptations
-    if _adaptations is None:
-        _adaptations = load_adaptations(Path(__file__).parent / "_xla_adaptations.toml")
-    return _adaptations
-
-
-def xla_adaptations() -> dict[str, str]:
-    """op -> adaptation kind for PyTorch/XLA's mixed-precision lowering
-    defects; the default `Policy.adaptations` (see _xla_adaptations.toml)."""
-    return dict(_adaptation_table()[0])
-
-
-def adaptation_reason(op: str) -> str:
-    """Why `op` (an entry of xla_adaptations()) is adapted."""
-    return _adaptation_table()[1][op]

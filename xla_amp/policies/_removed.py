@@ -47,13 +47,15 @@ def running() -> tuple[int, int, int]:
 
 
 def line_of(text: str, key: str, section: str | None = None) -> int:
-    """The line of ``"key"`` in `text` (within ``[section]`` if given); 0 if none."""
+    """The line of ``"key"`` (or of a bare ``key =``) in `text` (within
+    ``[section]`` if given); 0 if none."""
     current = None
+    bare = re.compile(rf"\s*{re.escape(key)}\s*=")
     for i, line in enumerate(text.splitlines(), 1):
         header = _SECTION_LINE.match(line)
         if header:
             current = header.group(1).strip()
-        elif f'"{key}"' in line and section in (None, current):
+        elif (f'"{key}"' in line or bare.match(line)) and section in (None, current):
             return i
     return 0
 

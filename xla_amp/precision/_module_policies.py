@@ -68,6 +68,7 @@ def fp32_policy() -> Policy:
               for op, cat in policies.get(name).categories.items() if cat != "banned"}
     return Policy(name="fp32", default_dtype=torch.bfloat16,
                   supported_dtypes=(torch.bfloat16, torch.float16),
+                  fp32_matmul_precision="highest",  # float32 that is float32
                   categories={op: "promote" for op in sorted(listed)},
                   description="module_policies' fp32 rule: nothing cast down, mixed inputs "
                               "promoted to the widest")
@@ -120,8 +121,10 @@ class XlaRegions:
         """dtype -> a region of `policy` (the device only names the type:
         autocast state is per device type)."""
         from xla_amp.autocast import autocast  # the torch_xla engine: loaded when used
-        return {dtype: autocast("xla:0", dtype=dtype, policy=policy)
-                for dtype in policy.supported_dtypes}
+        from xla_amp.autocast._matmul_precision import not_setting
+        with not_setting():  # torch_xla's matmul precision is the process's, not a module's
+            return {dtype: autocast("xla:0", dtype=dtype, policy=policy)
+                    for dtype in policy.supported_dtypes}
 
 
 def _backend_for(model: nn.Module):

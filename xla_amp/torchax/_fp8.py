@@ -118,6 +118,7 @@ def _dims(ca: int, cb: int):
 def dot(a, b, ca: int, cb: int):
     """`_dot.dot` for torchax tensors: a dot on the float8 arrays themselves."""
     out = jax.lax.dot_general(a.jax(), b.jax(), _dims(ca, cb),
+                              precision=jax.lax.Precision.DEFAULT,  # not a region's fp32 one
                               preferred_element_type=jnp.float32)
     return _env(a).j2t_iso(out)
 

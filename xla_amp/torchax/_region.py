@@ -32,6 +32,10 @@ Algorithm::
                 else -> cast the inputs (_rules.apply), run with autocast
                         suspended; a Python-level function torchax does not
                         lower runs its PyTorch decomposition on the cast inputs
+            an op whose (cast) inputs include float32 runs under
+                jax.default_matmul_precision(the region's fp32 matmul
+                precision) unless that is "default": its dots and
+                convolutions carry it in the lowered program (precision=...)
 
 The policy acts while JAX traces: a jitted step holds only the converts the
 policy asked for, and the compiled program carries no autocast cost.
@@ -45,6 +49,7 @@ import jax
 import torch
 
 from xla_amp import policies
+from xla_amp.policies import _matmul_precision as matmul_precision
 from xla_amp.policies._policy import Policy
 from xla_amp.torchax import _batch_norm, _hook, _lowerings, _paths, _rules
 
@@ -69,11 +74,36 @@ def _stack() -> list:
     return stack
 
 
+class _Top(tuple):
+    """A stack entry: (rules, dtype), with the region's float32 matmul
+    precision as an attribute."""
+
+    precision = "default"
+
+
 def current() -> tuple[_rules.Rules, torch.dtype] | None:
     """(rules, dtype) of the innermost open region on this thread, or None
     (no region, or the innermost one is disabled)."""
     stack = getattr(_state, "stack", None)
     return stack[-1] if stack else None
+
+
+def _float32_in(args, kwargs) -> bool:
+    for a in (*args, *(kwargs or {}).values()):
+        if isinstance(a, torch.Tensor):
+            if a.dtype == torch.float32:
+                return True
+        elif isinstance(a, (list, tuple)) and _float32_in(a, None):
+            return True
+    return False
+
+
+def _precision(top, args, kwargs):
+    """jax.default_matmul_precision(the region's) where float32 inputs meet
+    a region whose float32 matmuls are not at the backend's default."""
+    if top.precision == "default" or not _float32_in(args, kwargs):
+        return contextlib.nullcontext()
+    return jax.default_matmul_precision(top.precision)
 
 
 @contextlib.contextmanager
@@ -110,7 +140,8 @@ def _dispatch(stack, original, func, types, args, kwargs):
         return _inner(rules, dtype, original, func, types, args, kwargs)
     category = rules.lookup(func, args, kwargs)
     if category is None:
-        return _uncategorized(original, rules, func, types, args, kwargs)
+        with _precision(stack[-1], args, kwargs):
+            return _uncategorized(original, rules, func, types, args, kwargs)
     return _cast_and_run(rules, category, dtype, original, func, types, args, kwargs)
 
 
@@ -120,7 +151,7 @@ def _cast_and_run(rules, category, dtype, original, func, types, args, kwargs):
     plan = _rules.apply(rules, category, func, args, kwargs, dtype)
     if plan is not None:
         func, args, kwargs = plan
-    with _suspended(category):
+    with _suspended(category), _precision(current(), args, kwargs):
         return _run(original, func, types, args, kwargs)
 
 
@@ -236,7 +267,8 @@ class autocast(contextlib.ContextDecorator):
     backend the program is for (default ``jax.default_backend()``)."""
 
     def __init__(self, device="jax", enabled: bool = True, dtype: torch.dtype | None = None,
-                 policy: str | Policy | None = None, *, env=None, backend: str | None = None):
+                 policy: str | Policy | None = None, *, env=None, backend: str | None = None,
+                 fp32_matmul_precision: str | None = None):
         _device_ok(device)
         if not isinstance(enabled, bool):
             raise ValueError(f"xla_amp.torchax.autocast: enabled must be a bool, got {enabled!r}")
@@ -245,6 +277,10 @@ class autocast(contextlib.ContextDecorator):
                              f"or None, got {dtype!r}")
         self.backend = backend_name(backend)
         self.policy = policy_for(policy, self.backend)
+        if fp32_matmul_precision is not None:
+            matmul_precision.check(fp32_matmul_precision, "xla_amp.torchax.autocast")
+            self.policy = self.policy.with_overrides(
+                name=self.policy.name, fp32_matmul_precision=fp32_matmul_precision)
         self.dtype = self.policy.default_dtype if dtype is None else dtype
         if enabled:
             check_dtype(self.policy, self.dtype, self.backend)
@@ -260,7 +296,11 @@ class autocast(contextlib.ContextDecorator):
 
     def __enter__(self):
         stack = _stack()
-        stack.append((self.rules, self.dtype) if self.enabled else None)
+        top = None
+        if self.enabled:
+            top = _Top((self.rules, self.dtype))
+            top.precision = self.policy.effective_fp32_matmul_precision()
+        stack.append(top)
         self._depth.append(len(stack))
         return self
 

@@ -59,7 +59,7 @@ class TrainStep:
 
     def __init__(self, model, loss_fn, optimizer, *, policy=None, dtype=None, enabled=True,
                  scaler: LossScaler | None = None, mesh=None, sharding="replicate", env=None,
-                 backend=None, seed: int | None = None):
+                 backend=None, seed: int | None = None, fp32_matmul_precision=None):
         import torchax
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"make_train_step: model must be an nn.Module, got "
@@ -74,7 +74,8 @@ class TrainStep:
                             f"{type(scaler).__name__}")
         self.env = env or torchax.default_env()
         self.region = _autocast("jax", enabled=enabled, dtype=dtype, policy=policy,
-                                env=self.env, backend=backend)
+                                env=self.env, backend=backend,
+                                fp32_matmul_precision=fp32_matmul_precision)
         self.scaler = scaler or LossScaler(enabled=False)
         self.model, self.loss_fn, self.mesh, self.sharding = model, loss_fn, mesh, sharding
         from xla_amp.fp8 import Fp8Linear
