@@ -239,6 +239,15 @@ AutocastKernel::Applied AutocastKernel::run(const c10::OperatorHandle& op,
     op.redispatchBoxed(ks & kBelowAutocast, stack);
     return {};
   }
+  if (category == CastCategory::kDecompose && !info.mutates) {
+    // PyTorch's decomposition: the kernel a backend without one of its own
+    // runs (CompositeImplicitAutograd fills the AutogradCPU slot; for a
+    // CompositeExplicitAutograd op that slot records autograd and hands on to
+    // the CPU slot's composite). Checked when the policy loads
+    // (policies/_decompose.py). Autocast stays on: the ops inside are cast.
+    op.redispatchBoxed(kDecomposition, stack);
+    return {category};
+  }
   if (category == CastCategory::kNone && !info.mutates) {
     // Not autocast under this policy: behave as if no kernel were here, so
     // the ops a composite calls inside still meet autocast.

@@ -15,6 +15,10 @@ namespace xla_amp {
 inline const c10::DispatchKeySet kBelowAutocast(c10::DispatchKeySet::FULL_AFTER,
                                                 c10::DispatchKey::AutocastXLA);
 
+// Redispatch target of a [decompose] op: PyTorch's composite kernel.
+inline const c10::DispatchKeySet kDecomposition({c10::DispatchKey::AutogradCPU,
+                                                 c10::DispatchKey::CPU});
+
 // Registered for an op under the AutocastXLA key. On each call it looks up
 // the op's category in the thread's active policy, casts the arguments on
 // the stack accordingly and calls the op again with AutocastXLA excluded, so
@@ -34,6 +38,8 @@ inline const c10::DispatchKeySet kBelowAutocast(c10::DispatchKeySet::FULL_AFTER,
 //                       any other mix -> raise, naming the arguments
 //   promote_mixed:      floating inputs of one dtype -> as none; else all
 //                       floating inputs -> float32 (eager's type promotion)
+//   decompose:          run PyTorch's composite kernel instead of torch_xla's
+//                       own (autocast stays on for the ops inside)
 //   run the op below autocast
 class AutocastKernel final : public c10::OperatorKernel {
  public:

@@ -23,12 +23,16 @@ enum class CastCategory : uint8_t {
   // inputs of mixed precision. Inputs of one dtype run untouched.
   kFp32Compute,        // mixed: compute in float32, first output in the input's dtype
   kPromoteMixed,       // mixed: cast floating inputs to float32 (eager's promotion)
+  // A composite torch_xla lowers itself, under a policy whose system runs
+  // PyTorch's decomposition (a policy file's [decompose]): run that
+  // decomposition, so the ops inside it meet the policy.
+  kDecompose,
 };
 
-inline constexpr std::array<std::string_view, 9> kCategoryNames = {
+inline constexpr std::array<std::string_view, 10> kCategoryNames = {
     "none",          "lower_precision_fp", "fp32",   "fp32_set_opt_dtype",
     "fp32_append_dtype", "promote",        "banned", "fp32_compute",
-    "promote_mixed",
+    "promote_mixed", "decompose",
 };
 
 }  // namespace xla_amp

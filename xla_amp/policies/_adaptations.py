@@ -8,7 +8,9 @@ from pathlib import Path
 from xla_amp.policies import _ops as ops
 from xla_amp.policies import _removed as removed
 
-ADAPTATIONS = ("fp32_compute", "promote_mixed")
+# "decompose" comes from a policy file's [decompose] (_decompose.py), not from
+# the shared table
+ADAPTATIONS = ("fp32_compute", "promote_mixed", "decompose")
 
 
 def load_adaptations(path: str | Path) -> tuple[dict[str, str], dict[str, str]]:

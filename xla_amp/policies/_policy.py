@@ -52,6 +52,7 @@ from typing import Iterable, Mapping
 
 import torch
 
+from xla_amp.policies import _decompose as decompose
 from xla_amp.policies import _matmul_precision as matmul_precision
 from xla_amp.policies import _ops as ops
 from xla_amp.policies import _removed as removed
@@ -349,7 +350,8 @@ def load(path: str | Path) -> Policy:
         if exists(op):
             uncast[op] = str(value)
     for section, entries in data.items():
-        if not isinstance(entries, dict) or section in ("sources", "uncast", removed.SECTION):
+        if not isinstance(entries, dict) or section in ("sources", "uncast", removed.SECTION,
+                                                        decompose.SECTION):
             continue
         if section not in CATEGORIES:
             raise ValueError(f"{path}: [{section}] is not a category; one of {', '.join(CATEGORIES)}")
@@ -373,6 +375,17 @@ def load(path: str | Path) -> Policy:
                     reasons[op] = value["reason"]
             else:
                 sources[op] = str(value)
+    def where_decomposed(op: str) -> str:
+        return f"{path}:{removed.line_of(text, op, decompose.SECTION)}"
+
+    decomposed = decompose.read(data, where_decomposed)
+    for op in decomposed:
+        if op in categories:
+            raise ValueError(f"{where_decomposed(op)}: {op} is both in [{categories[op]}] and in "
+                             f"[{decompose.SECTION}]")
+    adaptations = None
+    if decomposed:
+        adaptations = dict(xla_adaptations(), **{op: "decompose" for op in decomposed})
     precision = matmul_precision.check(data.get("fp32_matmul_precision", "default"),
                                        where("fp32_matmul_precision"))
     follows = data.get("fp32_matmul_precision_follows_torch", False)
@@ -386,4 +399,4 @@ def load(path: str | Path) -> Policy:
         supported_dtypes=tuple(dict.fromkeys(dtypes[1:])), categories=categories,
         sources=sources, banned_reasons=reasons,
         description=data.get("description", ""), uncast=uncast,
-        removed_in=removed_in, skipped_ops=skipped)
+        removed_in=removed_in, skipped_ops=skipped, adaptations=adaptations)

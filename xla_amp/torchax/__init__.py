@@ -11,6 +11,8 @@ sync-free steps for models torchax runs.
                         watchdog: a lost process ends the others, named
                         (_distributed.py)
 
+Where CUDA is available, importing this says in one line that native CUDA
+autograd no longer works in the process (_accelerator.py).
 torchax's internals are reached through _hook.py only; versions are checked
 (_pins.py) before torchax is imported, which _compat.py then does (on torch
 2.13+ skipping the ops torchax names that torch removed). See docs/torchax.md.
@@ -22,6 +24,10 @@ _pins.check_installed()
 from xla_amp.torchax import _compat  # noqa: E402
 
 _compat.apply()
+
+from xla_amp.torchax import _accelerator  # noqa: E402
+
+_accelerator.warn_if_native_cuda_breaks()  # torchax took the accelerator from CUDA
 
 from xla_amp.torchax._region import autocast, module_policies  # noqa: E402
 from xla_amp.torchax._scaler import LossScaler  # noqa: E402

@@ -191,7 +191,7 @@ def _uncategorized(original, rules, func, types, args, kwargs):
     """An op in no category: the policy's XLA adaptation if it has one; a
     Python body or a composite torchax would hide from the policy runs where
     the policy sees inside it (_paths.py)."""
-    if rules.adaptation(func) is not None:
+    if rules.adaptation(func) not in (None, "decompose"):  # torchax decomposes on its own
         return _adapted(original, rules, func, types, args, kwargs)
     env = _hook.environment_of(original)
     way = _paths.path(env, func, partial=rules.partial_name(func))
