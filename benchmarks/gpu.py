@@ -41,7 +41,6 @@ if __name__ == "__main__" and __package__ in (None, ""):  # see the docstring's 
 import argparse  # noqa: E402
 import collections  # noqa: E402
 import json  # noqa: E402
-import re  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 
@@ -51,9 +50,6 @@ FULL = dict(vocab=8192, seq=512, d=768, heads=12, layers=6, batch=16)
 SMOKE = dict(vocab=256, seq=32, d=64, heads=4, layers=2, batch=4)
 TORCHAX = ("fp16", "bf16", "f32-default", "f32-highest")
 NATIVE = ("eager-amp", "compile-amp", "fp32")
-_GEMM_CALL = re.compile(r"= \S*? custom-call\(([^)]*)\).*custom_call_target=\"(__cublas[\w$]*)\"")
-_TRITON = re.compile(r"= \S*? fusion\(([^)]*)\).*\"kind\":\"__triton_gemm\"")
-_DOT = re.compile(r"= \S+ dot\(([^)]*)\)")
 
 
 def _shapes(args):
@@ -78,14 +74,20 @@ def model(args):
 
 
 def gemm_types(optimized: str) -> dict:
-    """Counter of the operand element types of the optimized program's GEMMs."""
-    found = _GEMM_CALL.findall(optimized) + [(a, "triton") for a in _TRITON.findall(optimized)]
-    if not found:
-        found = [(a, "dot") for a in _DOT.findall(optimized)]
+    """{"lhs x rhs" operand element types: count} of the optimized program's
+    GEMMs: cuBLAS/cuBLASLt custom calls and Triton GEMM fusions, or on a
+    backend with neither its dots."""
+    from tests.support.fp8 import parse
+    instrs = parse(optimized)
+    gemms = [ops for typ, opcode, ops, attrs in instrs.values()
+             if (opcode == "custom-call" and "__cublas" in attrs)
+             or (opcode == "fusion" and "__triton_gemm" in attrs)]
+    if not gemms:
+        gemms = [ops for typ, opcode, ops, attrs in instrs.values() if opcode == "dot"]
     kinds = collections.Counter()
-    for operands, _ in found:
-        types = re.findall(r"\b(f8\w+|bf16|f16|f32|f64)\[", operands)
-        kinds["x".join(types[:2]) or "?"] += 1
+    for ops in gemms:
+        types = [instrs[o][0].split("[")[0] for o in ops[:2] if o in instrs]
+        kinds[" x ".join(types) or "?"] += 1
     return dict(kinds)
 
 
