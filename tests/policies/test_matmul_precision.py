@@ -103,6 +103,7 @@ def test_torch_xla_keeps_the_default_under_tpu_and_a_users_setting():
     assert tpu["process"] == "default" and tpu["f32_dot"] == [""]  # no operand_precision
     # tpu's default claims nothing: the first region that states more sets it
     assert tpu["warned"] == [] and tpu["request_highest"] == "ok"
+    assert _run("module-rule") == {"process": "default"}  # an "fp32" rule states "highest"
     user = _run("user-set")
     assert user["process"] == "high" and user["f32_dot"] == ["high"]
     assert "set by the user" in user["request_highest"]

@@ -83,3 +83,15 @@ def test_a_module_rule_carries_its_policys_precision():
                                               fp32=["aten::linear"])
     got = _hlo("tpu", rules={"head": rule})
     assert got == {("f32", "highest"), ("f32", ""), ("bf16", "")}, got  # "": cholesky_inverse
+
+
+def test_the_rule_tuple_form_and_its_bad_options():
+    """{module: ("fp32", {"fp32_matmul_precision": ...})}: the fp32 rule (inputs
+    in float32) at the given precision; an unknown option or value is refused."""
+    got = _hlo("tpu", rules={"head": ("fp32", {"fp32_matmul_precision": "high"})})
+    assert ("f32", "high") in got and ("f32", "highest") not in got, got
+    with pytest.raises(ValueError, match="rule 'head': unknown option 'precision'"):
+        _hlo("tpu", rules={"head": ("fp32", {"precision": "high"})})
+    with pytest.raises(ValueError, match="rule 'head': with_overrides: fp32_matmul_precision "
+                                         "must be one of"):
+        _hlo("tpu", rules={"head": ("tpu", {"fp32_matmul_precision": "fast"})})

@@ -11,7 +11,9 @@ editing the model (what Haiku/jmp's per-module policies do).
 Rules are an ordered mapping. A key is an ``nn.Module`` subclass (matches
 its instances) or a glob on the qualified module name (``fnmatch``: ``*``
 matches any characters, dots included). A value is a policy name, a
-`Policy`, or ``"fp32"``: the module's floating inputs are cast to float32
+`Policy`, or ``"fp32"``, optionally as ``(value, {"fp32_matmul_precision":
+"highest"})`` (the precision of the module's float32 matmuls,
+docs/policies.md): the module's floating inputs are cast to float32
 and nothing inside it is cast down (an op meeting float32 and bf16 inputs,
 e.g. bf16 weights from `cast_module`, computes in float32), outputs left as
 computed.
@@ -74,6 +76,16 @@ def fp32_policy() -> Policy:
                               "promoted to the widest")
 
 
+class _Fp32Rule(str):
+    """An "fp32" rule with options: equal to "fp32" (inputs cast to float32),
+    its regions built from `policy` (fp32_policy() with the options)."""
+
+    def __new__(cls, policy: Policy):
+        rule = super().__new__(cls, FP32)
+        rule.policy = policy
+        return rule
+
+
 def _check_rules(rules) -> list[tuple[object, Policy | str]]:
     if not isinstance(rules, Mapping):
         raise TypeError(f"module_policies: rules must be a mapping (key -> policy), "
@@ -83,6 +95,13 @@ def _check_rules(rules) -> list[tuple[object, Policy | str]]:
         if not (isinstance(key, str) or isinstance(key, type) and issubclass(key, nn.Module)):
             raise ValueError(f"module_policies: rule key {key!r} is neither an nn.Module "
                              "subclass nor a glob on module names")
+        options = {}
+        if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], Mapping):
+            value, options = value  # (policy, {"fp32_matmul_precision": ...})
+            unknown = sorted(set(options) - {"fp32_matmul_precision"})
+            if unknown:
+                raise ValueError(f"module_policies: rule {_label(key)}: unknown option "
+                                 f"{unknown[0]!r}; the options are: fp32_matmul_precision")
         if isinstance(value, Policy) or value == FP32:
             target = value
         elif isinstance(value, str):
@@ -93,6 +112,13 @@ def _check_rules(rules) -> list[tuple[object, Policy | str]]:
         else:
             raise ValueError(f"module_policies: rule {_label(key)}: value {value!r} is not a "
                              f"policy name, a Policy or {FP32!r}")
+        if options:
+            base = fp32_policy() if target == FP32 else target
+            try:
+                derived = base.with_overrides(name=base.name, **options)
+            except ValueError as e:
+                raise ValueError(f"module_policies: rule {_label(key)}: {e}") from None
+            target = _Fp32Rule(derived) if target == FP32 else derived
         checked.append((key, target))
     return checked
 
@@ -155,7 +181,8 @@ class _RuledForward:
         if self.target is None:  # removed
             self.regions, self.fallback = {}, None
             return
-        policy = fp32_policy() if self.target == FP32 else self.target
+        policy = getattr(self.target, "policy", None) or (
+            fp32_policy() if self.target == FP32 else self.target)
         self.regions = self.backend.regions(policy)
         self.fallback = self.regions.get(policy.default_dtype) or next(iter(self.regions.values()))
 
