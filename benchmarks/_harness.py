@@ -188,6 +188,17 @@ def markdown_table(columns: Sequence[str], rows: Iterable[Iterable]) -> str:
 RESULT = "RESULT "
 
 
+def write_results(out_dir: str, stem: str, results: dict, table: str) -> None:
+    """A GPU benchmark's results: out_dir/stem.json (everything) and
+    out_dir/stem.md (the table), then the table on stdout."""
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"{stem}.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(out_dir, f"{stem}.md"), "w") as f:
+        f.write(table + "\n")
+    print(table)
+
+
 def print_result(result: dict) -> None:
     """A worker's answer to ``run_worker``: one JSON line on stdout."""
     print(RESULT + json.dumps(result), flush=True)

@@ -285,12 +285,7 @@ def main(argv=None) -> None:
                                         key, env=env)
             results[key]["wall_s"] = time.perf_counter() - t0
             print(key, json.dumps(results[key]), flush=True)
-    table = report(results)
-    with open(os.path.join(args.out, "fp8_gpu.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    with open(os.path.join(args.out, "fp8_gpu.md"), "w") as f:
-        f.write(table + "\n")
-    print(table)
+    H.write_results(args.out, "fp8_gpu", results, report(results))
 
 
 if __name__ == "__main__":

@@ -236,12 +236,8 @@ def main(argv=None) -> None:
                                      env=env)
         print(kind, json.dumps(results[kind]), flush=True)
     results["wall_s"] = {"total": time.perf_counter() - t0}
-    md = table({k: v for k, v in results.items() if k != "wall_s"})
-    with open(os.path.join(args.out, "gpu.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    with open(os.path.join(args.out, "gpu.md"), "w") as f:
-        f.write(md + "\n")
-    print(md)
+    H.write_results(args.out, "gpu", results,
+                    table({k: v for k, v in results.items() if k != "wall_s"}))
 
 
 if __name__ == "__main__":
