@@ -23,7 +23,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def test_each_builtin_policy_states_its_systems_precision():
     got = {n: (policies.get(n).fp32_matmul_precision,
-               policies.get(n).fp32_matmul_precision_follows_torch) for n in policies.names()}
+               policies.get(n).fp32_matmul_precision_follows_torch)
+           for n in policies.builtin_names()}
     assert got == {"cuda": ("highest", True), "tpu": ("default", False),
                    "cpu": ("highest", False), "hpu": ("highest", False),
                    "xpu": ("highest", False)}

@@ -199,6 +199,9 @@ def test_bad_input_is_one_line():
         xla_amp.autocast("tpu", record=True)
     with pytest.raises(ValueError, match="unknown autocast policy 'nope'"):
         xla_amp.autocast("tpu", policy="nope")
+    with pytest.raises(ValueError, match="fp32_matmul_precision cannot be honoured on a "
+                                         "PrivateUse1 device"):
+        xla_amp.autocast("tpu", fp32_matmul_precision="highest")
     with pytest.raises(ImportError, match="torch_xla engine, which runs on torch 2.9 only"):
         xla_amp.autocast("xla")
     with pytest.raises(ImportError, match=r"xla_amp\.syncfree .*needs xla_amp's torch_xla"):

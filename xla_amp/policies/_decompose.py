@@ -50,18 +50,23 @@ _KEYS = ("CompositeImplicitAutograd", "CompositeExplicitAutograd", "CPU", "CUDA"
          "AutogradXLA", "Meta")
 
 
-def read(data: dict, where) -> dict[str, str]:
-    """op -> citation of the file's [decompose] table; ValueError naming
-    where(op) for an op that is not a composite."""
+def read(path, text: str, data: dict, categories: dict) -> dict[str, str]:
+    """op -> "decompose" for the file's [decompose] table (the policy's
+    adaptations); ValueError naming file:line for an op that is not a
+    composite or that the file also puts in a category."""
+    from xla_amp.policies import _removed as removed
     out = {}
-    for op, value in data.get(SECTION, {}).items():
+    for op in data.get(SECTION, {}):
+        where = f"{path}:{removed.line_of(text, op, SECTION)}"
         try:
             ops.validate(op)
         except ValueError as e:
-            raise ValueError(f"{where(op)}: {e}") from None
+            raise ValueError(f"{where}: {e}") from None
         if not composite(op):
-            raise ValueError(f"{where(op)}: {op} has no composite kernel in PyTorch (no "
+            raise ValueError(f"{where}: {op} has no composite kernel in PyTorch (no "
                              "CompositeImplicitAutograd / CompositeExplicitAutograd): there "
                              "is no decomposition to run")
-        out[op] = str(value)
+        if op in categories:
+            raise ValueError(f"{where}: {op} is both in [{categories[op]}] and in [{SECTION}]")
+        out[op] = "decompose"
     return out

@@ -375,17 +375,8 @@ def load(path: str | Path) -> Policy:
                     reasons[op] = value["reason"]
             else:
                 sources[op] = str(value)
-    def where_decomposed(op: str) -> str:
-        return f"{path}:{removed.line_of(text, op, decompose.SECTION)}"
-
-    decomposed = decompose.read(data, where_decomposed)
-    for op in decomposed:
-        if op in categories:
-            raise ValueError(f"{where_decomposed(op)}: {op} is both in [{categories[op]}] and in "
-                             f"[{decompose.SECTION}]")
-    adaptations = None
-    if decomposed:
-        adaptations = dict(xla_adaptations(), **{op: "decompose" for op in decomposed})
+    decomposed = decompose.read(path, text, data, categories)
+    adaptations = dict(xla_adaptations(), **decomposed) if decomposed else None
     precision = matmul_precision.check(data.get("fp32_matmul_precision", "default"),
                                        where("fp32_matmul_precision"))
     follows = data.get("fp32_matmul_precision_follows_torch", False)

@@ -92,7 +92,7 @@ class autocast(torch.amp.autocast):
 
     def __init__(self, device=None, enabled: bool = True, dtype: torch.dtype | None = None,
                  cache_enabled: bool = True, policy: str | Policy | None = None,
-                 record: bool = False):
+                 record: bool = False, fp32_matmul_precision: str | None = None):
         for name, value in (("enabled", enabled), ("cache_enabled", cache_enabled),
                             ("record", record)):
             if not isinstance(value, bool):
@@ -111,6 +111,12 @@ class autocast(torch.amp.autocast):
         kind = device_type(device)
         _install.install()
         self.policy = policy or _install.default_policy()
+        if fp32_matmul_precision is not None or self.policy.fp32_matmul_precision_requested:
+            # the backend's kernels run eagerly at their own precision: nothing
+            # here can set a dot's (docs/policies.md, "Float32 matmul precision")
+            raise ValueError("autocast: fp32_matmul_precision cannot be honoured on a "
+                             "PrivateUse1 device: its kernels take the backend's own matmul "
+                             "precision; set it through the backend")
         if dtype is None:
             dtype = self.policy.default_dtype
         if enabled and dtype not in self.policy.supported_dtypes:
