@@ -120,7 +120,11 @@ XDIST    := -n $(TEST_WORKERS) --dist loadgroup
 # of subprocess-heavy tests each on one worker at a time (tests/conftest.py).
 # No test over 30 s. Budget 8 min on the faster host, 10 on the slower.
 test: build dev
-	$(PYTEST) $(XDIST) --durations=25 tests
+	@start=$$(date +%s); $(PYTEST) $(XDIST) --durations=25 tests; rc=$$?; \
+	  took=$$(( $$(date +%s) - start )); \
+	  printf "make test: %d:%02d (budget 8:00 on the faster host, 10:00 on the slower)%s\n" \
+	    $$((took / 60)) $$((took % 60)) "$$([ $$took -gt 600 ] && echo '  OVER BUDGET')"; \
+	  exit $$rc
 
 # xla_amp inside Lightning (Trainer, Fabric), Accelerate and the Transformers
 # Trainer: the frameworks' own loops on XLA:CPU (tests/integrations).

@@ -90,6 +90,33 @@ def pytest_collection_modifyitems(config, items):
     # (pluggy calls this conftest's hook before pytest's own -m selection)
 
 
+# A guard against regrowth (issue #53): a test whose call takes longer than
+# this in `make test` is listed at the end of the run as over, the way .ci/run
+# prints OVER BUDGET -- listed, not failed (host noise would make it flaky).
+# Measured on the faster 2-core host; heavy checks belong in their targets.
+TEST_SECONDS = 15.0
+
+
+def over_budget(reports, limit: float = TEST_SECONDS) -> list[tuple[str, float]]:
+    """(nodeid, seconds) of each test call that took more than `limit`, slowest first."""
+    calls = [(r.nodeid, r.duration) for r in reports
+             if getattr(r, "when", None) == "call" and r.duration > limit]
+    return sorted(calls, key=lambda c: -c[1])
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    markexpr = config.getoption("markexpr", "") or ""
+    if not all(f"not {t}" in markexpr for t in TARGET_FOLDERS):
+        return  # a target's run (make zoo, -m sharded, ...): its own budget applies
+    reports = [r for key in ("passed", "failed") for r in terminalreporter.stats.get(key, [])]
+    over = over_budget(reports)
+    if over:
+        terminalreporter.write_sep("=", f"tests over {TEST_SECONDS:.0f} s (make test keeps "
+                                        "each under it: share a run or move to a target)")
+        for nodeid, seconds in over:
+            terminalreporter.write_line(f"{seconds:6.1f}s  OVER {TEST_SECONDS:.0f} s  {nodeid}")
+
+
 def pytest_unconfigure(config):
     if _OWN_RUN_DIR:
         import shutil

@@ -40,7 +40,11 @@ def train(precision, tmp_path, trainer_cls=XLAAMPTrainer, **kw):
         output_dir=str(tmp_path / precision), max_steps=STEPS, per_device_train_batch_size=BATCH,
         learning_rate=3e-3, optim="adamw_torch", logging_steps=1, report_to=[],
         save_strategy="no", seed=0, disable_tqdm=True,
-        bf16=precision == "bf16", fp16=precision == "fp16")
+        bf16=precision == "bf16", fp16=precision == "fp16",
+        # no pinned host memory: once a test in this worker imported torchax
+        # (torch_xla's mark_sharding does), torch's accelerator is "jax" and
+        # DataLoader pinning fails (docs/upstream/privateuse1_accelerator_...)
+        dataloader_pin_memory=False)
     trainer = trainer_cls(model=model, args=args, train_dataset=dataset(), **kw)
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]

@@ -29,13 +29,11 @@ def precisions(t):
             for m in [re.search(r"operand_precision=\{(\w+),", line)]]
 
 
-if scenario == "module-rule":  # a module's rule never sets the process's precision
-    net = torch.nn.Sequential(torch.nn.Linear(16, 16)).to(dev)
+if scenario == "tpu-then-cuda":  # a module's "fp32" rule (it states "highest")
+    net = torch.nn.Sequential(torch.nn.Linear(16, 16)).to(dev)  # never sets it
     xla_amp.module_policies(net, {"0": "fp32"})
     with xla_amp.autocast(dev, policy="tpu"):
         net(a)
-    print(json.dumps({"process": _XLAC._xla_get_mat_mul_precision()}))
-    sys.exit(0)
 if scenario == "user-set":
     import torch_xla.backends
     torch_xla.backends.set_mat_mul_precision("high")

@@ -52,7 +52,7 @@ def _cases():
             info = paths._opinfos().get(func)
             if info is None:
                 continue
-            for s in info.sample_inputs("cpu", torch.float32):
+            for s in paths.samples(info):
                 leaves = [s.input, *s.args, *s.kwargs.values()]
                 if all(not (isinstance(t, torch.Tensor) and t.is_complex()) for t in leaves):
                     seen[name] = (lambda s=s: ((s.input, *s.args), s.kwargs), info.op)

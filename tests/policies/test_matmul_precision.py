@@ -99,12 +99,14 @@ def test_torch_xla_sets_the_process_precision_from_the_first_region():
     assert "set by policy 'cuda'" in got["request_default"]
 
 
-def test_torch_xla_keeps_the_default_under_tpu_and_a_users_setting():
-    tpu = _run("tpu-then-cuda")
+def test_torch_xla_keeps_the_default_under_tpu_and_under_a_module_rule():
+    tpu = _run("tpu-then-cuda")  # after an "fp32" module rule ran under tpu
     assert tpu["process"] == "default" and tpu["f32_dot"] == [""]  # no operand_precision
     # tpu's default claims nothing: the first region that states more sets it
     assert tpu["warned"] == [] and tpu["request_highest"] == "ok"
-    assert _run("module-rule") == {"process": "default"}  # an "fp32" rule states "highest"
+
+
+def test_torch_xla_keeps_a_users_setting():
     user = _run("user-set")
     assert user["process"] == "high" and user["f32_dot"] == ["high"]
     assert "set by the user" in user["request_highest"]

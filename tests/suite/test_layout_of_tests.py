@@ -3,6 +3,7 @@ per user-facing job: launchers, zoo, ...), no test module outside a folder,
 and each make target beyond `make test` is a marker whose tests live in that
 target's folder, so that a target is a folder or a marker, never a list of
 files (tests/conftest.py holds the mapping)."""
+import ast
 import configparser
 import json
 import os
@@ -20,25 +21,89 @@ TESTS = pathlib.Path(conftest.TESTS)
 # that framework's marker.
 ELSEWHERE = ("tests/api/test_layout.py::test_public_names_and_paths[",)
 
-DUMP = '''
-import json, os
-def pytest_collection_finish(session):
-    with open(os.environ["XLA_AMP_MARKS_OUT"], "w") as f:
-        json.dump({i.nodeid: sorted({m.name for m in i.iter_markers()}) for i in session.items}, f)
-'''
+class Unreadable(Exception):
+    """A target marker written where the static reading cannot place it."""
 
 
-def _every_test_and_its_markers(tmp_path):
-    (tmp_path / "dump_marks.py").write_text(DUMP)
-    out = tmp_path / "marks.json"
-    env = dict(os.environ, PYTHONPATH=str(tmp_path), XLA_AMP_MARKS_OUT=str(out))
-    markers = " or ".join(conftest.TARGET_FOLDERS)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p",
-                           "dump_marks", "-p", "no:xdist", "-m", f"{markers} or not ({markers})",
-                           "tests"], capture_output=True, text=True, cwd=ROOT, env=env,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(out.read_text())
+def _target_of(node) -> str | None:
+    """`X` for an expression ``pytest.mark.X`` / ``pytest.mark.X(...)`` naming a target."""
+    if isinstance(node, ast.Call):
+        node = node.func
+    if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+            and node.value.attr == "mark" and isinstance(node.value.value, ast.Name)
+            and node.value.value.id == "pytest" and node.attr in conftest.TARGET_FOLDERS):
+        return node.attr
+    return None
+
+
+def _targets_in(node) -> set[str]:
+    return {t for n in ast.walk(node) for t in [_target_of(n)] if t}
+
+
+def _param_marks(decorators) -> list[set[str]]:
+    """The target markers of each pytest.param(..., marks=...) in `decorators`."""
+    out = []
+    for n in (n for d in decorators for n in ast.walk(d)):
+        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                and n.func.attr == "param"):
+            out += [_targets_in(k.value) for k in n.keywords if k.arg == "marks"]
+    return out
+
+
+def _pytestmark(body) -> set[str]:
+    return {t for st in body if isinstance(st, ast.Assign)
+            and any(isinstance(x, ast.Name) and x.id == "pytestmark" for x in st.targets)
+            for t in _targets_in(st.value)}
+
+
+def _file_tests(path: pathlib.Path) -> dict[str, list[set[str]]]:
+    """test name -> the target-marker sets its nodes can carry, read from the
+    source (module and class pytestmark, decorators, pytest.param marks);
+    Unreadable for a target marker anywhere else."""
+    tree = ast.parse(path.read_text(), str(path))
+    placed = set()
+    module = _pytestmark(tree.body)
+    out = {}
+
+    def visit_function(fn, outer: set[str], prefix: str):
+        base = outer | {t for d in fn.decorator_list for t in [_target_of(d)] if t}
+        params = _param_marks(fn.decorator_list)
+        out[prefix + fn.name] = [base] + [base | p for p in params if p]
+        placed.update(id(n) for d in fn.decorator_list for n in ast.walk(d))
+
+    for st in tree.body:
+        if isinstance(st, ast.Assign) and _pytestmark([st]):
+            placed.update(id(n) for n in ast.walk(st))
+        elif isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef)) and st.name.startswith("test"):
+            visit_function(st, module, "")
+        elif isinstance(st, ast.ClassDef) and st.name.startswith("Test"):
+            cls = module | _pytestmark(st.body) | {t for d in st.decorator_list
+                                                   for t in [_target_of(d)] if t}
+            placed.update(id(n) for d in st.decorator_list for n in ast.walk(d))
+            placed.update(id(n) for b in st.body if isinstance(b, ast.Assign) and _pytestmark([b])
+                          for n in ast.walk(b))
+            for fn in st.body:
+                if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                        fn.name.startswith("test"):
+                    visit_function(fn, cls, st.name + "::")
+    stray = [n for n in ast.walk(tree) if _target_of(n) and id(n) not in placed]
+    if stray:
+        raise Unreadable(f"{path}:{stray[0].lineno}: a target marker outside a pytestmark or "
+                         "a test's decorators: write it there")
+    return out
+
+
+def _every_test_and_its_markers() -> dict[str, list[set[str]]]:
+    """nodeid-like "tests/<folder>/<file>::<test>" -> its target-marker sets,
+    the folder's own target added where a node names none (conftest's rule)."""
+    out = {}
+    for path in sorted(TESTS.rglob("test_*.py")):
+        rel = path.relative_to(TESTS.parent).as_posix()
+        folder = conftest.folder_of(path)
+        for name, sets in _file_tests(path).items():
+            target = conftest.FOLDER_TARGETS.get(folder)
+            out[f"{rel}::{name}"] = [s or ({target} if target else set()) for s in sets]
+    return out
 
 
 def test_no_test_module_outside_a_folder():
@@ -73,14 +138,16 @@ def test_each_target_is_a_marker_run_by_make_and_excluded_from_make_test():
         assert target in ran, f".ci/run does not run make {target}"
 
 
-def test_marked_tests_live_in_their_targets_folder(tmp_path):
-    marks = _every_test_and_its_markers(tmp_path)
-    assert len(marks) > 2000
+def test_marked_tests_live_in_their_targets_folder():
+    """Read from the sources (seconds; collecting every module in a pytest
+    subprocess took 26-54 s)."""
+    marks = _every_test_and_its_markers()
+    assert len(marks) > 500, len(marks)
     misplaced = []
-    for nodeid, names in marks.items():
-        if nodeid.startswith(ELSEWHERE):
+    for nodeid, sets in marks.items():
+        if nodeid.startswith(tuple(e.rstrip("[") for e in ELSEWHERE)):
             continue
-        for marker in set(names) & set(conftest.TARGET_FOLDERS):
+        for marker in set().union(*sets):
             if not nodeid.startswith(f"tests/{conftest.TARGET_FOLDERS[marker]}/"):
                 misplaced.append((nodeid, marker))
     assert not misplaced, misplaced[:20]
@@ -91,7 +158,38 @@ def test_marked_tests_live_in_their_targets_folder(tmp_path):
         inside = [n for n in marks if n.startswith(f"tests/{folder}/")]
         assert inside, folder
         for n in inside:
-            targets = set(marks[n]) & set(conftest.TARGET_FOLDERS)
-            assert len(targets) == 1 and (marker in targets or folder == "zoo"), (n, targets)
-    both = [n for n, names in marks.items() if len(set(names) & set(conftest.TARGET_FOLDERS)) > 1]
+            for targets in marks[n]:
+                assert len(targets) == 1 and (marker in targets or folder == "zoo"), (n, targets)
+    both = [n for n, sets in marks.items() if any(len(t) > 1 for t in sets)]
     assert not both, both
+
+
+def test_the_static_reading_agrees_with_pytest_on_a_sample(tmp_path):
+    """The reading above against pytest's own markers, on files that use
+    each form (module pytestmark, decorators, pytest.param marks, a folder
+    target): the same target per test."""
+    sample = ["tests/launchers/test_launcher_skip.py", "tests/torchax/test_torchax_accelerator.py",
+              "tests/api/test_layout.py"]
+    (tmp_path / "dump_marks.py").write_text(DUMP)
+    out = tmp_path / "marks.json"
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), XLA_AMP_MARKS_OUT=str(out))
+    markers = " or ".join(conftest.TARGET_FOLDERS)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p",
+                           "dump_marks", "-p", "no:xdist", "-m", f"{markers} or not ({markers})",
+                           *sample], capture_output=True, text=True, cwd=ROOT, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    collected = json.loads(out.read_text())
+    static = _every_test_and_its_markers()
+    for nodeid, names in collected.items():
+        test = nodeid.split("[")[0]
+        got = set(names) & set(conftest.TARGET_FOLDERS)
+        assert got in static[test], (nodeid, got, static[test])
+
+
+DUMP = '''
+import json, os
+def pytest_collection_finish(session):
+    with open(os.environ["XLA_AMP_MARKS_OUT"], "w") as f:
+        json.dump({i.nodeid: sorted({m.name for m in i.iter_markers()}) for i in session.items}, f)
+'''

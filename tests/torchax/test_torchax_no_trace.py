@@ -57,9 +57,11 @@ def _loss(out, y):
 
 def _batch(i, factor=1.0):
     g = torch.Generator().manual_seed(i)
-    y = torch.stack([torch.randint(0, 4, (8,), generator=g).float(), torch.ones(8)], 1)
+    # 16 rows: fp8 GEMMs need every dimension a multiple of 16 (else the layer
+    # falls back to the region's dtype and records no amax)
+    y = torch.stack([torch.randint(0, 4, (16,), generator=g).float(), torch.ones(16)], 1)
     y[0, 1] = factor
-    return torch.randn(8, 16, generator=g), y
+    return torch.randn(16, 16, generator=g), y
 
 
 def _bits(tree):
