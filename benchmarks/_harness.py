@@ -159,6 +159,24 @@ def interleaved(variants: Iterable[Hashable], rounds: int,
     return results
 
 
+def timed_rounds(runners: dict, steps: int, rounds: int) -> dict:
+    """{name: ms/step of each round}: `steps` (less the one each runner
+    already took) split over `rounds` interleaved rounds; a runner is
+    (run(n steps), wait until they ran), waited for before and after."""
+    per_round = max(1, (steps - 1) // rounds)
+    ms: dict = {name: [] for name in runners}
+
+    def run_one(name, r):
+        run, wait = runners[name]
+        wait()
+        t0 = time.perf_counter()
+        run(per_round)
+        wait()
+        ms[name].append((time.perf_counter() - t0) * 1e3 / per_round)
+    interleaved(list(runners), rounds, run_one)
+    return ms
+
+
 def paired_ratio(a: Sequence[float], b: Sequence[float]) -> float:
     """The median of per-round ratios a[r] / b[r]: a drift of the machine
     that slows both in a round cancels."""

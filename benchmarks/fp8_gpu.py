@@ -198,17 +198,8 @@ def worker(engine: str, model: str, args) -> dict:
     cls = TorchaxVariant if engine == "torchax" else TorchXlaVariant
     variants = {v: cls(model, v, args) for v in VARIANTS}
     out = {v: variants[v].compile() for v in VARIANTS}  # warm-up: every graph built
-    per_round = max(1, (args.steps - 1) // args.rounds)
-    ms = {v: [] for v in VARIANTS}
-
-    def run_one(v, r):
-        var = variants[v]
-        var.wait()
-        t0 = time.perf_counter()
-        var.run(per_round)
-        var.wait()
-        ms[v].append((time.perf_counter() - t0) * 1e3 / per_round)
-    H.interleaved(VARIANTS, args.rounds, run_one)
+    ms = H.timed_rounds({v: (variants[v].run, variants[v].wait) for v in VARIANTS},
+                        args.steps, args.rounds)
     for v in VARIANTS:
         losses = variants[v].loss_values()
         out[v].update(ms_per_step=H.median(ms[v]), steps=len(losses), first_loss=losses[0],

@@ -170,18 +170,8 @@ def worker(kind: str, args) -> dict:
     runners, out = {}, {}
     for n in names:
         runners[n], out[n] = make(n, args)
-    per_round = max(1, (args.steps - 1) // args.rounds)
-    ms = {n: [] for n in names}
-
-    def run_one(n, r):
-        runner = runners[n]
-        runner.wait()
-        t0 = time.perf_counter()
-        for _ in range(per_round):
-            runner.step()
-        runner.wait()
-        ms[n].append((time.perf_counter() - t0) * 1e3 / per_round)
-    H.interleaved(names, args.rounds, run_one)
+    ms = H.timed_rounds({n: (lambda k, r=runners[n]: [r.step() for _ in range(k)], runners[n].wait)
+                         for n in names}, args.steps, args.rounds)
     for n in names:
         losses = [float(v) for v in runners[n].losses]
         out[n].update(ms_per_step=H.median(ms[n]), first_loss=losses[0],
