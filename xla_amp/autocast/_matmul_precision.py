@@ -59,19 +59,18 @@ def claim(precision: str, policy: str, explicit: bool) -> None:
     """See the module docstring."""
     global _owner
     current = process_precision()
-    if _owner is None and not getattr(_local, "passive", False):
-        if current == "default" and precision != "default":
-            from torch_xla import _XLAC
-            _XLAC._xla_set_mat_mul_precision(precision)
-            _owner = f"policy {policy!r}"
-            log.warning("xla_amp: torch_xla's float32 matmul precision is process-wide; set to "
-                        "%r for policy %r (every float32 dot and convolution of this process "
-                        "takes it; on a TPU 'highest' costs six bf16 passes a dot)",
-                        precision, policy)
-            return
-        _owner = "the user" if current != "default" else None
-    elif _owner is None and current != "default":
-        _owner = "the user"
+    if _owner is None and current != "default":
+        _owner = "the user"  # set before xla_amp's first region: it stands
+    elif (_owner is None and precision != "default"
+          and not getattr(_local, "passive", False)):
+        from torch_xla import _XLAC
+        _XLAC._xla_set_mat_mul_precision(precision)
+        _owner = f"policy {policy!r}"
+        log.warning("xla_amp: torch_xla's float32 matmul precision is process-wide; set to "
+                    "%r for policy %r (every float32 dot and convolution of this process "
+                    "takes it; on a TPU 'highest' costs six bf16 passes a dot)",
+                    precision, policy)
+        return
     if precision == current:
         return
     who = _owner or "torch_xla's default"
