@@ -45,8 +45,20 @@ default_table = [None]  # the table plain torch.autocast(<device>) uses (set by 
 
 
 def active_table():
+    """The table the kernels use on this thread now (the innermost region's,
+    else plain torch.autocast's default)."""
     stack = state.stack
     return stack[-1] if stack else default_table[0]
+
+
+def push(table) -> None:
+    """Make `table` this thread's active one (a region's enter, custom_bwd)."""
+    state.stack.append(table)
+
+
+def pop() -> None:
+    """Undo the last push on this thread."""
+    state.stack.pop()
 
 
 def _device_type() -> str:

@@ -129,18 +129,18 @@ class autocast(torch.amp.autocast):
         super().__init__(kind, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
     def __enter__(self):
-        _kernels.state.stack.append(self._table)
+        _kernels.push(self._table)
         try:
             return super().__enter__()
         except BaseException:
-            _kernels.state.stack.pop()
+            _kernels.pop()
             raise
 
     def __exit__(self, *exc):
         try:
             return super().__exit__(*exc)
         finally:
-            _kernels.state.stack.pop()
+            _kernels.pop()
 
 
 class Regions:
