@@ -7,7 +7,9 @@ the calling thread's active table (``_state``) at each call::
     kernel(keyset, *args, **kwargs):
         rule = active_table().get(overload)
         no rule:        redispatch below AutocastPrivateUse1 (not excluded: the
-                        ops a composite calls inside still meet autocast)
+                        ops a composite calls inside still meet autocast);
+                        a Python number in a Tensor slot (t * 2) goes on as
+                        ATen's own call does (pass_through)
         otherwise, with AutocastPrivateUse1 excluded (nothing inside is cast again):
         in-place/out=, or an explicit dtype= given: call as is
         lower_precision_fp  eligible tensors -> the region's dtype
@@ -33,6 +35,10 @@ import torch
 _KEY = torch._C.DispatchKey.AutocastPrivateUse1
 _EXCLUDED = torch._C.DispatchKeySet(_KEY)
 BELOW = torch._C._dispatch_keyset_full_after(_KEY)
+_FROM_KEY_UP = torch._C._dispatch_keyset_full() - BELOW  # the key and those before it
+_COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
+_NUMBER = (bool, int, float, complex)
+_DEVICE_KEYS = (torch._C.DispatchKey.PrivateUse1, torch._C.DispatchKey.AutogradPrivateUse1)
 
 
 class _State(threading.local):
@@ -180,14 +186,49 @@ class Rule:
         return op(*args, **kwargs)
 
 
+def tensor_slots(op) -> tuple:
+    """(position, name) of the arguments `op`'s schema types as Tensor."""
+    return tuple((i, a.name) for i, a in enumerate(op._schema.arguments)
+                 if a.type.kind() == "TensorType")
+
+
+def pass_through(op, slots, keyset, args, kwargs):
+    """Run `op` below the key, uncast (no rule in the active table).
+
+    The dispatcher hands a Python kernel ATen's wrapped numbers (the 2 of
+    ``t * 2``, typed Tensor) as Python numbers, and ``redispatch`` refuses a
+    number where the schema says Tensor. Such a call goes on the way ATen's
+    own call path takes it, numbers made wrapped tensors again: a composite
+    runs its decomposition (whose ops meet autocast again, as after a
+    redispatch) unless the device has a kernel of its own; any other op is called with this key and those before it
+    excluded (it has no ops inside that autocast could see).
+    """
+    numbers = False
+    for i, arg_name in slots:
+        v = args[i] if i < len(args) else kwargs.get(arg_name)
+        if isinstance(v, _NUMBER):
+            numbers = True
+            break
+    if not numbers:
+        return op.redispatch(keyset & BELOW, *args, **kwargs)
+    name = op.name()  # the dispatcher's own table (an OpOverload also counts Python kernels)
+    if torch._C._dispatch_has_kernel_for_dispatch_key(name, _COMPOSITE) and not any(
+            torch._C._dispatch_has_kernel_for_dispatch_key(name, k) for k in _DEVICE_KEYS):
+        return op._op_dk(_COMPOSITE, *args, **kwargs)
+    with torch._C._ExcludeDispatchKeyGuard(_FROM_KEY_UP):
+        return op._op(*args, **kwargs)
+
+
 def make_kernel(name: str, op):
     """The kernel registered for overload `name` (its OpOverload is `op`)."""
+    slots = tensor_slots(op)
+
     def kernel(keyset, *args, **kwargs):
         stack = state.stack
         table = stack[-1] if stack else default_table[0]
         rule = table.rules.get(name) if table is not None else None
         if rule is None:
-            return op.redispatch(keyset & BELOW, *args, **kwargs)
+            return pass_through(op, slots, keyset, args, kwargs)
         with torch._C._ExcludeDispatchKeyGuard(_EXCLUDED):
             if rule.simple:  # inlined: a plain cast of every argument (the common case)
                 device_type = _device_type()
@@ -210,6 +251,6 @@ def fallback_kernel(keyset, op, *args, **kwargs):
     name = f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
     rule = table.rules.get(name) if table is not None else None
     if rule is None:
-        return op.redispatch(keyset & BELOW, *args, **kwargs)
+        return pass_through(op, tensor_slots(op), keyset, args, kwargs)
     with torch._C._ExcludeDispatchKeyGuard(_EXCLUDED):
         return rule(args, kwargs)
