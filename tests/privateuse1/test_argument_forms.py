@@ -23,20 +23,23 @@ pytestmark = pytest.mark.core
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _sweep() -> dict:
+def sweep() -> dict:
+    """The stand-in's sweep (once per test run); its "calls" file holds the
+    captured calls the torch_xla engine replays (tests/autocast)."""
     def compute():
         out = os.path.join(os.environ[runs.RUN_DIR_VAR], "argument-forms-standin.json")
-        proc = subprocess.run([sys.executable, os.path.join(HERE, "_forms_run.py"), out],
+        calls = os.path.join(os.environ[runs.RUN_DIR_VAR], "argument-forms-calls.pt")
+        proc = subprocess.run([sys.executable, os.path.join(HERE, "_forms_run.py"), out, calls],
                               capture_output=True, text=True, env=launch.launch_env(),
                               timeout=300, cwd=launch.ROOT)
         assert proc.returncode == 0, proc.stderr[-3000:]
         with open(out) as f:
-            return json.load(f)
+            return dict(json.load(f), calls=calls)
     return runs.once_per_run(("privateuse1-argument-forms", torch.__version__), compute)
 
 
 def test_every_form_equals_the_call_without_xla_amps_kernel():
-    result = _sweep()
+    result = sweep()
     assert result["mismatches"] == [], "\n".join(result["mismatches"][:40])
     # what the sweep covered: a check that ran nothing would pass above
     assert result["checked"] - result["both_raised"] >= 2500, result
@@ -50,4 +53,4 @@ def test_every_form_equals_the_call_without_xla_amps_kernel():
                     reason="the torch 2.9 stand-in has no device guard (no Module.to)")
 def test_the_documented_fp32_layernorm_rule_runs_a_transformer_layer():
     # the layer ends in its second LayerNorm, which the rule runs in float32
-    assert _sweep()["encoder_layer"] == {"dtype": "torch.float32", "finite": True}
+    assert sweep()["encoder_layer"] == {"dtype": "torch.float32", "finite": True}
