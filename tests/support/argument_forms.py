@@ -12,9 +12,8 @@ the policy's category says (``expected``).
     for form, args, kwargs in forms(overload, args, kwargs): ...
     expected(category, overload, args, kwargs, low, device_type)
 
-The capture runs the cases on the stand-in device (tests/support/standin_tpu)
-with a table whose every rule records the call and runs it uncast; the
-torch_xla engine replays the same calls (tests/autocast/test_argument_forms.py).
+The capture runs the cases on the stand-in device, every rule recording;
+the torch_xla engine replays the calls (tests/autocast/test_argument_forms.py).
 """
 from __future__ import annotations
 
@@ -23,36 +22,12 @@ import torch
 from xla_amp import policies
 from xla_amp.policies import _ops as ops
 
+from tests.support.argument_cases import OPERATORS, RULELESS, UNREPEATABLE
 from tests.support.conformance_cases import CASES
 from tests.support.overload_cases import OVERLOAD_CASES
 from tests.support.dtype_parity import SKIP, input_dtypes
 
 COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
-# Ops no built-in policy lists that user code calls with Python numbers;
-# with another policy compiled, their kernels are registered and pass through.
-RULELESS = ("aten::sub.Tensor", "aten::rsub.Tensor", "aten::remainder.Tensor",
-            "aten::fmod.Tensor", "aten::eq.Tensor", "aten::lt.Tensor",
-            "aten::maximum", "aten::where.self", "aten::clamp.Tensor",
-            "aten::lerp.Tensor", "aten::floor_divide", "aten::masked_fill.Tensor")
-
-
-# Python's operators with a number (their kernels' tests: issue #52's crash)
-OPERATORS = {
-    "py::t * 2": lambda t: t * 2, "py::0.5 * t": lambda t: 0.5 * t,
-    "py::t / 2": lambda t: t / 2, "py::2 / t": lambda t: 2 / t,
-    "py::t + 1": lambda t: t + 1, "py::1 - t": lambda t: 1 - t,
-    "py::t - 0.5": lambda t: t - 0.5, "py::t ** 2": lambda t: t ** 2,
-    "py::2 ** t": lambda t: 2 ** t, "py::t // 2": lambda t: t // 2,
-    "py::t % 2": lambda t: t % 2, "py::t > 0": lambda t: t > 0,
-}
-
-
-# Ops whose plain call does not repeat bit for bit: compared to float32's
-# rounding. linalg_lstsq (LAPACK gelsy): two identical calls on the torch 2.9
-# stand-in differ in the last bits of the solution.
-UNREPEATABLE = {"aten::linalg_lstsq"}
-
-
 def overload(name: str):
     ns, base, over = ops.split(name)
     return getattr(getattr(getattr(torch.ops, ns), base), over or "default")
@@ -91,11 +66,9 @@ class _Recorder:
         return self.op(*args, **kwargs)
 
 
-class _CaptureTable:
-    name = "capture"
-
+class _CaptureTable:  # a Table whose every rule records
     def __init__(self, names, sink):
-        self.rules = {n: _Recorder(n, overload(n), sink) for n in names}
+        self.name, self.rules = "capture", {n: _Recorder(n, overload(n), sink) for n in names}
 
 
 def _to_cpu(v):
