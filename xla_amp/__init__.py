@@ -65,6 +65,8 @@ if _engines.available("torch_xla"):  # torch 2.9 + torch_xla: the native engine,
     _engine.install()
     _dynamo.install()
     gpu.from_environment()  # XLA_AMP_CUDA_PLUGIN=1: before any tensor exists
+    from xla_amp.privateuse1 import _install as _privateuse1
+    _privateuse1.at_import()  # plain torch.autocast(<PrivateUse1 device>): works, or one line
 else:  # any torch 2.9-2.15 without torch_xla: the core, and the PrivateUse1 engine
     from xla_amp._core import *  # noqa: F401,F403
     from xla_amp._core import __getattr__  # noqa: F401  (one line for a missing engine)

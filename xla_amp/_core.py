@@ -5,17 +5,19 @@ engine raises EngineUnavailable (an ImportError) in one line, naming the
 package to install, when it is first looked up.
 
     autocast, set_default_policy   the PrivateUse1 engine's (device "tpu")
+    custom_fwd, custom_bwd         the region's policy in a Function's backward
     module_policies, cast_module   per-module precision on that device
     GradScaler                     device-side loss scaling, any optimizer
-    policies, Policy, CATEGORIES, fp8, checkpoint, watch_nonfinite
+    policies, Policy, CATEGORIES, fp8, checkpoint, watch_nonfinite, compare
 """
 from xla_amp import _engines
 from xla_amp import checkpoint, fp8, policies  # noqa: F401
-from xla_amp.numerics import NonfiniteWatch, watch_nonfinite  # noqa: F401
+from xla_amp.precision import custom_bwd, custom_fwd  # noqa: F401
+from xla_amp.numerics import ComparisonReport, NonfiniteWatch, compare, watch_nonfinite  # noqa: F401
 from xla_amp.policies import CATEGORIES, Policy  # noqa: F401
 from xla_amp.policies import _env_overrides
 from xla_amp.precision import ModulePolicyHandle, cast_module, module_policies  # noqa: F401
-from xla_amp.privateuse1 import autocast, set_default_policy  # noqa: F401
+from xla_amp.privateuse1 import _install, autocast, set_default_policy  # noqa: F401
 from xla_amp.scaler import GradScaler  # noqa: F401
 
 _env_overrides.load_from_environment()
@@ -26,23 +28,13 @@ TORCH_XLA_ONLY = {
     "gpu": "xla_amp.gpu", "sharded": "xla_amp.sharded", "distributed": "xla_amp.distributed",
     "all_reduce_gradients": "xla_amp.all_reduce_gradients",
     "optimizer_step": "xla_amp.optimizer_step",
-    "custom_fwd": "xla_amp.custom_fwd (use torch.amp.custom_fwd(device_type=...))",
-    "custom_bwd": "xla_amp.custom_bwd (use torch.amp.custom_bwd(device_type=...))",
-    "explain": "xla_amp.explain", "compare": "xla_amp.compare",
-    "PrecisionReport": "xla_amp.PrecisionReport", "ComparisonReport": "xla_amp.ComparisonReport",
+    "explain": "xla_amp.explain", "PrecisionReport": "xla_amp.PrecisionReport",
 }
 
 __all__ = ["autocast", "set_default_policy", "module_policies", "ModulePolicyHandle",
            "cast_module", "GradScaler", "policies", "Policy", "CATEGORIES", "fp8",
-           "checkpoint", "watch_nonfinite", "NonfiniteWatch"]
-
-
-def _auto_install() -> None:
-    """TorchTPU loaded (torch autoloads it): its "tpu" follows xla_amp's policies."""
-    import sys
-    if "torch_tpu" in sys.modules:
-        from xla_amp import privateuse1
-        privateuse1.install()
+           "checkpoint", "watch_nonfinite", "NonfiniteWatch", "compare", "ComparisonReport",
+           "custom_fwd", "custom_bwd"]
 
 
 def __getattr__(name):
@@ -51,4 +43,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'xla_amp' has no attribute {name!r}")
 
 
-_auto_install()
+_install.at_import()  # plain torch.autocast(<PrivateUse1 device>) works or refuses in one line

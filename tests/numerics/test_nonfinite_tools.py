@@ -8,16 +8,7 @@ from torch import nn
 import xla_amp
 from xla_amp import GradScaler, syncfree
 from tests.support import clear_metrics, count
-
-
-class Exp(nn.Module):
-    def forward(self, x):
-        return torch.exp(x)
-
-
-class Sqrt(nn.Module):
-    def forward(self, x):
-        return torch.sqrt(x)
+from tests.support.numerics_models import Exp, Risky, Sqrt
 
 
 def overflowing_model(device):
@@ -143,25 +134,6 @@ def test_overflow_report_without_names_and_no_extra_transfer(device):
     assert scaler.overflow_report(opt) == []
     assert scaler.overflow_report(opt, last_skipped=True) == ["group 0, index 0"]
     assert count("TransferFromDeviceTime") == 2
-
-
-class Risky(nn.Module):
-    """block.up's activations exceed float16's range (~1.4e5); the LayerNorm
-    after it brings them back."""
-
-    def __init__(self):
-        super().__init__()
-        self.inp = nn.Linear(8, 16)
-        self.block = nn.Sequential()
-        self.block.add_module("up", nn.Linear(16, 16))
-        self.block.add_module("norm", nn.LayerNorm(16))
-        self.bn = nn.BatchNorm1d(16)
-        self.head = nn.Linear(16, 4)
-        with torch.no_grad():
-            self.block.up.weight.mul_(1e5)
-
-    def forward(self, x):
-        return self.head(self.bn(self.block(self.inp(x))))
 
 
 def test_compare_flags_only_the_overflowing_module_and_suggest_fixes_it(device):

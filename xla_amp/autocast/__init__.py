@@ -5,12 +5,14 @@
     _recording.py        record=True: module hooks that name the running module
     _report.py           `PrecisionReport`: the rows a recording region collected
     _dynamo.py           torch.compile: regions become policy push/pop nodes
-    _custom_function.py  `custom_fwd` / `custom_bwd`
+
+custom_fwd / custom_bwd (xla_amp/precision/_custom_function.py, shared
+with the PrivateUse1 engine) are re-exported here.
 
 The native engine behind them is reached through ``xla_amp._engine`` only;
 the op lists are data (``xla_amp.policies``).
 """
-from xla_amp.autocast._custom_function import custom_bwd, custom_fwd
+from xla_amp.precision._custom_function import custom_bwd, custom_fwd
 from xla_amp.autocast._region import autocast, set_default_policy
 from xla_amp.autocast._report import PrecisionReport, ReportDiff
 

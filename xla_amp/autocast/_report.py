@@ -34,14 +34,8 @@ from collections import defaultdict
 
 import torch
 
+
 FIELDS = ("module", "op", "category", "in_dtypes", "dtype", "count")
-
-
-def markdown(header: tuple[str, ...], lines) -> str:
-    """A markdown table (the reports' `.table()`)."""
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(str(v) for v in line) + " |" for line in lines]
-    return "\n".join(out)
 
 
 def _cell(value) -> str:
@@ -68,6 +62,7 @@ class PrecisionReport:
 
     def table(self) -> str:
         """Markdown: one line per row, in the order first seen."""
+        from xla_amp.numerics._inspect import markdown  # at call: numerics imports this module
         return markdown(FIELDS, ([_cell(r[f]) for f in FIELDS] for r in self.rows))
 
     def to_json(self, **kwargs) -> str:
@@ -126,6 +121,7 @@ class ReportDiff:
         a, b = (n or side for n, side in zip(self.names, ("self", "other")))
         header = ("module", "op", f"category ({a})", f"category ({b})",
                   f"dtype ({a})", f"dtype ({b})")
+        from xla_amp.numerics._inspect import markdown
         return markdown(header, ([_cell(r["module"]), r["op"], *r["category"], *r["dtype"]]
                                  for r in self.rows))
 

@@ -11,11 +11,11 @@ device-side flags.
 ``xla_amp.scaler``.)
 """
 from xla_amp import _engines
-from xla_amp.numerics._watch import NonfiniteWatch, watch_nonfinite  # any engine
+from xla_amp.numerics._compare import ComparisonReport, compare  # XLA and PrivateUse1
+from xla_amp.numerics._watch import NonfiniteWatch, watch_nonfinite  # XLA and PrivateUse1
 
 if _engines.available("torch_xla"):  # built on the native engine's recording
     from xla_amp.autocast._report import PrecisionReport, ReportDiff
-    from xla_amp.numerics._compare import ComparisonReport, compare
     from xla_amp.numerics._explain import explain
 else:
     def __getattr__(name):

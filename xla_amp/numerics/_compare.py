@@ -30,9 +30,7 @@ import json
 import torch
 from torch import nn
 
-from xla_amp.autocast import autocast
-from xla_amp.autocast._report import markdown
-from xla_amp.numerics._explain import buffers_kept, xla_device_of
+from xla_amp.numerics._inspect import buffers_kept, markdown
 
 FP16_MAX = 65504.0
 FP16_TINY = 2.0 ** -24          # float16's smallest subnormal
@@ -105,14 +103,17 @@ def _stats(ref: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 
 
 def _checked_device(model: nn.Module, inputs, kwargs) -> torch.device:
-    """The model's XLA device; ValueError naming the first input (or the
-    model) that is elsewhere, before anything runs."""
-    held = next(iter(itertools.chain(model.parameters(), model.buffers())), None)
-    device = held.device if held is not None else xla_device_of(inputs, kwargs)
-    if device.type != "xla":
-        raise ValueError(f"compare: the model is on '{device}', not on an XLA device; "
-                         "move it with model.to(torch_xla.device())")
+    """The model's device (its first parameter or buffer, else its first
+    tensor input), XLA or the PrivateUse1 device; ValueError naming the first
+    input (or the model) that is elsewhere, before anything runs."""
     leaves, _ = torch.utils._pytree.tree_flatten_with_path((inputs, kwargs))
+    held = next(iter(itertools.chain(model.parameters(), model.buffers())), None)
+    held = held if held is not None else next(
+        (leaf for _, leaf in leaves if isinstance(leaf, torch.Tensor)), None)
+    device = held.device if held is not None else None
+    if device is None or device.type not in ("xla", _pu1()):
+        raise ValueError(f"compare: the model is on '{device}', not on an XLA device or "
+                         f"the '{_pu1()}' (PrivateUse1) device; move it there first")
     for path, leaf in leaves:
         if isinstance(leaf, torch.Tensor) and leaf.device != device:
             kind = "input" if path[0].idx == 0 else "keyword argument"
@@ -123,21 +124,54 @@ def _checked_device(model: nn.Module, inputs, kwargs) -> torch.device:
     return device
 
 
+def _pu1() -> str:
+    return torch._C._get_privateuse1_backend_name()
+
+
+def _autocast(device: torch.device):
+    """The engine's region for `device`: torch_xla's, or the PrivateUse1 one."""
+    if device.type == "xla":
+        from xla_amp.autocast import autocast
+    else:
+        from xla_amp.privateuse1 import autocast
+    return autocast
+
+
+def _rng_restorer(device: torch.device):
+    """A function putting back the RNG state `device`'s random ops draw from
+    now (XLA's per-device seed; else the device module's and the CPU's)."""
+    if device.type == "xla":
+        import torch_xla.core.xla_model as xm
+        state = xm.get_rng_state(device)
+        return lambda: xm.set_rng_state(state, device)
+    module = getattr(torch, device.type, None)
+    cpu = torch.get_rng_state()
+    own = module.get_rng_state() if hasattr(module, "get_rng_state") else None
+
+    def restore():
+        torch.set_rng_state(cpu)
+        if own is not None:
+            module.set_rng_state(own)
+    return restore
+
+
 def compare(model: nn.Module, *inputs, policy=None, **kwargs) -> ComparisonReport:
     """Runs `model` on `inputs` in float32 and under `policy` (None: the
     device's) and compares every module's output; see the module docstring.
+    The model is on an XLA device (torch_xla) or the PrivateUse1 device
+    (TorchTPU's "tpu"): one device-to-host transfer at the end on either.
     Keyword arguments other than `policy` go to the model."""
-    import torch_xla.core.xla_model as xm
     if not isinstance(model, nn.Module):
         raise TypeError(f"compare: expected an nn.Module, got {type(model).__name__}")
     device = _checked_device(model, inputs, kwargs)
+    autocast = _autocast(device)
     region = autocast(device, policy=policy)  # a bad policy fails before anything runs
     names = [name for name, _ in model.named_modules()]
     modules = [m for _, m in model.named_modules()]
-    rng = xm.get_rng_state(device)
+    restore_rng = _rng_restorer(device)
     with buffers_kept(model):
         ref = _run(model, inputs, kwargs, modules, autocast(device, enabled=False))
-    xm.set_rng_state(rng, device)
+    restore_rng()
     with buffers_kept(model):
         out = _run(model, inputs, kwargs, modules, region)
     order = [i for i in range(len(modules)) if i in ref and i in out]

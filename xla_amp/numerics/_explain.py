@@ -6,11 +6,10 @@ traced only, and its `PrecisionReport` (the rows are described in
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from xla_amp.autocast import PrecisionReport, autocast
+from xla_amp.numerics._inspect import buffers_kept
 
 
 def xla_device_of(args, kwargs):
@@ -21,25 +20,6 @@ def xla_device_of(args, kwargs):
             return leaf.device
     import torch_xla
     return torch_xla.device()
-
-
-@contextlib.contextmanager
-def buffers_kept(fn):
-    """While inside, `fn`'s buffers (a module's; nothing for a function) are
-    clones, so a forward run for inspection (BatchNorm's running statistics)
-    leaves the module as it was."""
-    if not isinstance(fn, torch.nn.Module):
-        yield
-        return
-    saved = [(m, name, b) for m in fn.modules() for name, b in m._buffers.items()
-             if b is not None]
-    for m, name, b in saved:
-        m._buffers[name] = b.clone()
-    try:
-        yield
-    finally:
-        for m, name, b in saved:
-            m._buffers[name] = b
 
 
 def explain(fn, *args, policy=None, **kwargs) -> PrecisionReport:

@@ -24,7 +24,9 @@ graph, so watching adds no execution and no transfer)::
     report(): flush, then one transfer of (first, first_step), decoded here
 
 "Step" counts the watched model's forward calls from 0. Watching works on
-lazy (non-compiled) models; `remove()` takes every hook off.
+lazy (non-compiled) models on XLA, and eagerly on the PrivateUse1 device
+(TorchTPU's "tpu": the flags are device tensors there too, read once by
+report()); `remove()` takes every hook off.
 """
 from __future__ import annotations
 
@@ -51,11 +53,13 @@ class NonfiniteWatch:
         if not isinstance(model, nn.Module):
             raise TypeError(f"watch_nonfinite: expected an nn.Module, got {type(model).__name__}")
         device = next((p.device for p in model.parameters()), None)
-        if device is None or device.type != "xla":
+        pu1 = torch._C._get_privateuse1_backend_name()
+        if device is None or device.type not in ("xla", pu1):
             raise ValueError("watch_nonfinite: the model's parameters must be on an XLA "
-                             f"device (got {device}); move the model first")
+                             f"device or the '{pu1}' (PrivateUse1) device (got {device}); "
+                             "move the model first")
         self._names = [name for name, _ in model.named_modules()]
-        none = torch.tensor(-1, dtype=torch.int32, device=device)
+        none = torch.tensor(-1, dtype=torch.int32).to(device)
         self._first, self._first_step, self._step = none.clone(), none.clone(), none.clone()
         self._pending: list = []   # (code, device flag) of the current step, in order
         self._seen: dict = {}      # id -> weak reference: outputs checked this step

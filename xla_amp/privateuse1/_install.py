@@ -120,6 +120,21 @@ def _check_backend(name: str) -> None:
             "use xla_amp.torchax.autocast for torchax tensors")
 
 
+def at_import() -> None:
+    """What ``import xla_amp`` does for AutocastPrivateUse1: install() where
+    the PrivateUse1 backend is named already, or TorchTPU is loaded (plain
+    torch.autocast(<name>) then follows xla_amp's policies at once). A
+    backend named later needs install() (or an xla_amp.autocast region, or
+    set_default_policy) before plain torch.autocast: torch 2.9-2.15 have no
+    fallback for the key, and a Python one cannot be registered on an
+    Autocast key (PyTorch asserts), so nothing here can refuse in its place."""
+    import sys
+    name = backend_name()
+    if _engines.available("privateuse1") and (
+            name not in ("privateuseone", "jax") or "torch_tpu" in sys.modules):
+        install()
+
+
 def install(default: Policy | None = None) -> None:
     """Take over AutocastPrivateUse1 for the backend as now named (once)."""
     with _lock:

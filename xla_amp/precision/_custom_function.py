@@ -1,18 +1,23 @@
-"""custom_fwd / custom_bwd for autograd Functions under XLA autocast.
+"""custom_fwd / custom_bwd for autograd Functions under xla_amp's autocast.
 
 The meaning of torch.amp.custom_fwd / custom_bwd, with device_type "xla" by
-default, plus one XLA-specific duty: autograd runs backward on its own
-device thread, where the forward's xla_amp policy is not active. custom_fwd
-records the forward's compiled policy on ctx; custom_bwd makes it the active
-one while backward runs, so backward autocasts by the same rules.
+default, plus one duty of xla_amp's: autograd runs backward on its own
+device thread, where the forward's xla_amp policy is not active (a policy
+is per thread). custom_fwd records the forward's active table on ctx;
+custom_bwd makes it the active one while backward runs, so backward
+autocasts by the same rules. Both engines: device_type "xla" (torch_xla's)
+and the PrivateUse1 device's name (TorchTPU's "tpu").
 
     class MyMM(torch.autograd.Function):
         @staticmethod
-        @xla_amp.custom_fwd(cast_inputs=torch.float32)   # or no args
+        @xla_amp.custom_fwd(cast_inputs=torch.float32)   # or no args; device_type="tpu"
         def forward(ctx, a, b): ...
         @staticmethod
-        @xla_amp.custom_bwd
+        @xla_amp.custom_bwd                              # device_type as custom_fwd's
         def backward(ctx, grad): ...
+
+(torch.amp.custom_bwd itself restores autocast's enabled/dtype only: its
+backward runs under the thread's default policy, set_default_policy's.)
 """
 from __future__ import annotations
 
@@ -20,7 +25,17 @@ import functools
 
 import torch
 
-from xla_amp import _engine
+
+def _engine_for(device_type: str):
+    """(active(), push(table), pop()) of the engine running `device_type`'s
+    regions, or None for a device xla_amp has no engine on."""
+    if device_type == "xla":
+        from xla_amp import _engine
+        return _engine.active_policy, _engine.push_compiled, _engine.pop
+    if device_type == torch._C._get_privateuse1_backend_name() != "privateuseone":
+        from xla_amp.privateuse1 import _kernels
+        return _kernels.active_table, _kernels.push, _kernels.pop
+    return None
 
 
 def custom_fwd(fwd=None, *, device_type: str = "xla", cast_inputs: torch.dtype | None = None):
@@ -44,9 +59,8 @@ def custom_fwd(fwd=None, *, device_type: str = "xla", cast_inputs: torch.dtype |
     def forward(ctx, *args, **kwargs):
         # Compiled (Dynamo traces this): the trace already runs under the
         # region's policy, and a call into _C would break the graph.
-        ctx._xla_amp_policy = (_engine.active_policy()
-                               if device_type == "xla" and not torch.compiler.is_compiling()
-                               else None)
+        engine = None if torch.compiler.is_compiling() else _engine_for(device_type)
+        ctx._xla_amp_policy = (engine, engine[0]()) if engine is not None else None
         return inner(ctx, *args, **kwargs)
 
     return forward
@@ -54,7 +68,7 @@ def custom_fwd(fwd=None, *, device_type: str = "xla", cast_inputs: torch.dtype |
 
 def custom_bwd(bwd=None, *, device_type: str = "xla"):
     """Decorates a Function's backward; it runs with the forward's autocast
-    state (enabled, dtype and, on XLA, xla_amp policy)."""
+    state (enabled, dtype and xla_amp's policy)."""
     if not isinstance(device_type, str):
         raise ValueError(f"custom_bwd: device_type must be a str such as 'xla', got {device_type!r}")
     if bwd is None:
@@ -63,13 +77,14 @@ def custom_bwd(bwd=None, *, device_type: str = "xla"):
 
     @functools.wraps(bwd)
     def backward(ctx, *grads):
-        table = getattr(ctx, "_xla_amp_policy", None)
-        if table is None:
+        recorded = getattr(ctx, "_xla_amp_policy", None)
+        if recorded is None or recorded[1] is None:
             return inner(ctx, *grads)
-        _engine.push_compiled(table)
+        (_, push, pop), table = recorded
+        push(table)
         try:
             return inner(ctx, *grads)
         finally:
-            _engine.pop()
+            pop()
 
     return backward
