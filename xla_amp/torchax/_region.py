@@ -151,6 +151,8 @@ def _cast_and_run(rules, category, dtype, original, func, types, args, kwargs):
     plan = _rules.apply(rules, category, func, args, kwargs, dtype)
     if plan is not None:
         func, args, kwargs = plan
+    if category == _LOW and _rules.is_attention(func):
+        category = _LOW_ATTENTION  # its softmax in float32, as PyTorch's attention kernels
     with _suspended(category), _precision(current(), args, kwargs):
         return _run(original, func, types, args, kwargs)
 
@@ -166,6 +168,7 @@ def _run(original, func, types, args, kwargs):
 
 
 _LOW = "lower_precision_fp"
+_LOW_ATTENTION = "lower_precision_fp attention"
 
 
 def _inner(rules, dtype, original, func, types, args, kwargs):
@@ -173,15 +176,18 @@ def _inner(rules, dtype, original, func, types, args, kwargs):
     lower_precision_fp op whose decomposition or torch-level lowering calls
     (a) an op the policy lists in lower_precision_fp: cast to `dtype`
     (baddbmm's decomposition upcasts to float32 before its bmm; torch_xla's
-    lowering computes the dot in `dtype`), or (b) a softmax: float32, as
-    every PyTorch attention kernel computes it for low-precision inputs
-    (flash, memory-efficient and math paths; torchax's SDPA reference would
-    compute it in `dtype`)."""
-    if _state.within[-1] != _LOW:
+    lowering computes the dot in `dtype`), or (b) inside an attention op
+    only, a softmax: float32, as every PyTorch attention kernel computes it
+    for low-precision inputs (flash, memory-efficient and math paths;
+    torchax's SDPA reference would compute it in `dtype`). Elsewhere a
+    softmax inside a low op stays low: an override putting log_softmax or
+    cross_entropy in lower_precision_fp gets bfloat16, as on torch_xla."""
+    within = _state.within[-1]
+    if within not in (_LOW, _LOW_ATTENTION):
         return original(func, types, args, kwargs)
     category = rules.lookup(func, args, kwargs)
     if category != _LOW:
-        category = "fp32" if _rules.is_softmax(func) else None
+        category = "fp32" if within == _LOW_ATTENTION and _rules.is_softmax(func) else None
     if category is None:
         return original(func, types, args, kwargs)
     return _cast_and_run(rules, category, dtype, original, func, types, args, kwargs)

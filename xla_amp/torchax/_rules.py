@@ -93,14 +93,18 @@ class Rules:
         if isinstance(func, torch._ops.OpOverload):
             return self.by_overload.get(func)
         name = _python_name(func)
-        base = ALIASES.get(name, name)
-        category = self.by_name.get(base)
-        if category is None and base in self.partial:
-            overload = resolve(base, name, args, kwargs or {})
-            category = None if overload is None else self.by_overload.get(overload)
-        if category is None and base in COMPOSES and base not in self.partial:
-            category = self.by_name.get(COMPOSES[base])
-        return category
+        for base in dict.fromkeys((name, ALIASES.get(name, name))):
+            # the name's own entry first (an override naming true_divide wins
+            # over div's, as on torch_xla), then the operator it aliases
+            category = self.by_name.get(base)
+            if category is None and base in self.partial:
+                overload = resolve(base, name, args, kwargs or {})
+                category = None if overload is None else self.by_overload.get(overload)
+            if category is None and base in COMPOSES and base not in self.partial:
+                category = self.by_name.get(COMPOSES[base])
+            if category is not None:
+                return category
+        return None
 
     def partial_name(self, func) -> bool:
         """Whether a Python-level `func` names an operator the policy lists
@@ -157,6 +161,14 @@ def is_softmax(func) -> bool:
     if isinstance(func, torch._ops.OpOverload):
         return func.overloadpacket.__name__ in _SOFTMAXES
     return _python_name(func) in _SOFTMAXES
+
+
+def is_attention(func) -> bool:
+    """An attention op of any spelling (scaled_dot_product_attention and its
+    kernels' overloads, multi_head_attention_forward)."""
+    if isinstance(func, torch._ops.OpOverload):
+        return "attention" in func.overloadpacket.__name__
+    return "attention" in (_python_name(func) or "")
 
 
 def _python_name(func) -> str | None:
