@@ -308,7 +308,7 @@ def _outputs(result) -> list:
 
 
 def _attempt(fn):
-    torch.manual_seed(0)
+    torch.random.default_generator.manual_seed(0)  # (torch.manual_seed: 0.6 ms of CUDA/XPU stacks)
     try:
         return _outputs(fn()), None
     except Exception as e:  # noqa: BLE001  (compared: both must raise)
