@@ -45,7 +45,7 @@ def set_default_policy(policy: str | Policy | None) -> None:
     resolved = policies.get(policy) if isinstance(policy, str) else policy
     table = _install.compile(resolved or policies.get("tpu"))
     _install.default[0] = resolved
-    _kernels.default_table[0] = table
+    _install.set_default_table(table)
 
 
 def device_type(device) -> str:
