@@ -39,7 +39,7 @@ if fake:
     record.TORCH_VERSION, record.PYTHON = fake, sys.implementation.cache_tag
     sys.modules["xla_amp." + _version_check.record_module({"torch": "x"})] = record
     sys.modules["xla_amp._build_info"] = record
-import torch, xla_amp
+import torch, xla_amp, xla_amp.privateuse1
 from tests.support import standin_tpu
 standin_tpu.install()
 out = {}
