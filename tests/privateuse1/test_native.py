@@ -3,7 +3,8 @@ AutocastPrivateUse1): the one log line naming which kernels serve the key,
 a native build for another torch refused in one line (a warning and the
 Python kernels, or an ImportError where XLA_AMP_PRIVATEUSE1_KERNELS=native
 asks for them), Python scalars passed through, push/pop driving the native
-stack. Dtype parity with the Python kernels: test_parity.py."""
+stack, record=True's precision report. Dtype parity with the Python
+kernels: test_parity.py."""
 import json
 import subprocess
 import sys
@@ -165,3 +166,46 @@ def test_push_and_pop_drive_the_native_stack():
         finally:
             _kernels.pop()
         assert torch.mm(t, t).dtype == torch.bfloat16 and _engine.pu1_policy_depth() == depth
+
+
+@needs_native
+@pytest.mark.skipif(_engines.torch_minor() < (2, 11), reason="the stand-in's device guard")
+def test_record_reports_the_native_kernels_decisions_per_module():
+    import xla_amp
+    from torch import nn
+    from tests.support import standin_tpu
+    standin_tpu.install()
+    model = standin_tpu.to_device(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)))
+    x = standin_tpu.to_device(torch.randn(2, 8))
+    with xla_amp.autocast("tpu", record=True) as region:
+        y = model(x)
+    assert y.dtype == torch.bfloat16
+    report = region.report()
+    assert report.policy == "tpu" and report.dtype == "bfloat16"
+    lower, f32, bf16 = "lower_precision_fp", "float32", "bfloat16"
+    assert [(r["module"], r["op"], r["category"], r["in_dtypes"], r["dtype"], r["count"])
+            for r in report.rows] == [
+        ("0", "aten::linear", lower, [f32, f32, f32], bf16, 1),
+        ("1", "aten::relu", lower, [bf16], bf16, 1),
+        ("2", "aten::linear", lower, [bf16, f32, f32], bf16, 1)]
+    with xla_amp.autocast("tpu", policy="tpu"):  # not recording: nothing added
+        model(x)
+    assert len(region.report().rows) == 3
+
+
+def test_record_with_the_python_kernels_is_refused_in_one_line():
+    script = ("import torch, xla_amp, xla_amp.privateuse1\n"
+              "from tests.support import standin_tpu\n"
+              "standin_tpu.install()\n"
+              "try:\n"
+              "    xla_amp.autocast('tpu', record=True)\n"
+              "except ValueError as e:\n"
+              "    print(e)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=launch.launch_env(XLA_AMP_PRIVATEUSE1_KERNELS="python"),
+                          timeout=120, cwd=launch.ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = proc.stdout.strip().splitlines()[-1]
+    assert line == ("autocast: record=True needs xla_amp's native kernels (the recorder is "
+                    "C++), and the Python ones serve this device: "
+                    "XLA_AMP_PRIVATEUSE1_KERNELS=python")
