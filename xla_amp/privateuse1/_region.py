@@ -173,12 +173,12 @@ def _recording():
     first use. Importing that package sets the attribute ``xla_amp.autocast``
     to it, over the region class the core exports under that name (_core.py):
     put the class back."""
-    import xla_amp
-    exported = xla_amp.__dict__.get("autocast")
+    package = sys.modules["xla_amp"].__dict__
+    exported = package.get("autocast")
     from xla_amp.autocast import _recording as recording
     from xla_amp.autocast._report import PrecisionReport
-    if exported is not None and xla_amp.__dict__.get("autocast") is not exported:
-        xla_amp.autocast = exported
+    if exported is not None and package.get("autocast") is not exported:
+        package["autocast"] = exported
     return recording, PrecisionReport
 
 
