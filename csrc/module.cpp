@@ -4,9 +4,8 @@
 // The engine functions take an `engine` code last (ENGINE_XLA, the default:
 // AutocastXLA; ENGINE_PRIVATEUSE1: AutocastPrivateUse1), so one library
 // serves torch_xla on torch 2.9 and PrivateUse1 devices on torch 2.9-2.15.
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
-#include <ATen/autocast_mode.h>
 #include <torch/version.h>
 
 #include "autocast/cast_category.h"

@@ -23,18 +23,18 @@ needs_native = pytest.mark.skipif(not NATIVE, reason="no native build for this t
                                   f"({_engine.privateuse1_problem()}): make current / make build")
 
 # One process per case: the stand-in renames PrivateUse1 and the choice of
-# kernels is made once per process. FAKE_RECORD: a build record naming
-# another torch, in place of this Python's (torch_xla blocked, so the
-# PrivateUse1 engine is the one to load _C).
+# kernels is made once per process; torch_xla is blocked, so the PrivateUse1
+# engine is the one to load _C. `fake`: a build record naming another torch,
+# in place of this Python's.
 SCRIPT = r'''
 import json, logging, sys, types
 lines = []
 logging.getLogger("xla_amp").addHandler(type("H", (logging.Handler,), {
     "emit": lambda self, r: lines.append((r.levelname, r.getMessage()))})())
 logging.getLogger("xla_amp").setLevel(logging.INFO)
+sys.modules["torch_xla"] = None  # the PrivateUse1 engine alone (and a quick start on 2.9)
 fake = sys.argv[1]
 if fake:
-    sys.modules["torch_xla"] = None
     from xla_amp import _version_check
     record = types.ModuleType("record")
     record.TORCH_VERSION, record.PYTHON = fake, sys.implementation.cache_tag
