@@ -48,9 +48,27 @@ $(CUR_STAMP): requirements-current.txt
 	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(CUR_PY) -c "import torch, jax; assert torch.__version__.startswith('2.15'), torch.__version__"
 	touch $(CUR_STAMP)
 
+# The native engine for this torch (xla_amp._C against torch 2.15, serving
+# AutocastPrivateUse1): the same csrc/ as `make build`, built incrementally
+# by ninja into build/*-current, installed beside the torch 2.9 library
+# (Python 3.12's file name) with its own record (_build_info_cpython_312.py).
+CUR_EXT_SUFFIX = $(shell $(CUR_PY) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+CUR_RECORD     = $(shell $(CUR_PY) -c 'import sys; print("_build_info_" + sys.implementation.cache_tag.replace("-", "_"))')
+xla_amp/.built-current: $(CUR_STAMP) $(SOURCES)
+	@mkdir -p build
+	@echo "building xla_amp._C for .venv-current (log: build/ext-current.log)"
+	@start=$$(date +%s); PATH="$(CURDIR)/.venv-current/bin:$$PATH" MAX_JOBS=$(MAX_JOBS) $(CUR_PY) setup.py \
+	  build_ext --build-lib build/lib-current --build-temp build/temp-current > build/ext-current.log 2>&1 \
+	  || (grep -B2 -A8 "error" build/ext-current.log | head -80; exit 1); \
+	  echo "xla_amp._C for .venv-current built in $$(( $$(date +%s) - start )) s"
+	@install -m 755 build/lib-current/xla_amp/_C$(CUR_EXT_SUFFIX) xla_amp/.C-current.so.tmp && mv -f xla_amp/.C-current.so.tmp xla_amp/_C$(CUR_EXT_SUFFIX)
+	@install -m 644 build/lib-current/xla_amp/$(CUR_RECORD).py xla_amp/.$(CUR_RECORD).py.tmp && mv -f xla_amp/.$(CUR_RECORD).py.tmp xla_amp/$(CUR_RECORD).py
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(CUR_PY) -c "from xla_amp import _engine; assert _engine.privateuse1_native() is not None, _engine.privateuse1_problem()"
+	touch $@
+
 # Two runs: torchax renames PrivateUse1 "jax" for its whole process, the
 # stand-in device names it "tpu".
-current: $(CUR_STAMP)
+current: xla_amp/.built-current
 	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(CUR_PY) -m pytest -q $(XDIST) -m "core and not torchax" --durations=10 tests
 	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(CUR_PY) -m pytest -q -m "core and torchax" --durations=10 tests/torchax
 
@@ -198,4 +216,4 @@ bench: build dev
 	$(PY) benchmarks/fp8.py
 
 clean:
-	rm -rf build dist xla_amp/_C*.so xla_amp/_build_info.py xla_amp/.built *.egg-info
+	rm -rf build dist xla_amp/_C*.so xla_amp/_build_info*.py xla_amp/.built xla_amp/.built-current *.egg-info

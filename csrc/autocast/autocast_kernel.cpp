@@ -10,24 +10,22 @@
 namespace xla_amp {
 namespace {
 
-constexpr c10::DeviceType kXla = c10::DeviceType::XLA;
-
-bool eligible(const c10::IValue& v) {
-  return v.isTensor() && at::autocast::is_eligible(v.toTensor(), kXla);
+bool eligible(const c10::IValue& v, c10::DeviceType dev) {
+  return v.isTensor() && at::autocast::is_eligible(v.toTensor(), dev);
 }
 
 // Casts every eligible tensor held by one argument (Tensor, Tensor?,
 // Tensor[], Tensor?[]) to `to`; ATen's cast cache serves weights.
-c10::IValue cast_argument(at::ScalarType to, c10::IValue v) {
+c10::IValue cast_argument(at::ScalarType to, c10::IValue v, c10::DeviceType dev) {
   if (v.isTensor()) {
-    return at::autocast::cached_cast(to, v.toTensor(), kXla);
+    return at::autocast::cached_cast(to, v.toTensor(), dev);
   }
   if (v.isTensorList()) {
     c10::List<at::Tensor> in = v.toTensorList();
     c10::List<at::Tensor> out;
     out.reserve(in.size());
     for (const at::Tensor& t : in) {
-      out.push_back(at::autocast::cached_cast(to, t, kXla));
+      out.push_back(at::autocast::cached_cast(to, t, dev));
     }
     return out;
   }
@@ -40,7 +38,7 @@ c10::IValue cast_argument(at::ScalarType to, c10::IValue v) {
     out.reserve(in.size());
     for (const c10::IValue& e : in) {
       out.push_back(e.isTensor() ? c10::IValue(at::autocast::cached_cast(
-                                       to, e.toTensor(), kXla))
+                                       to, e.toTensor(), dev))
                                  : e);
     }
     return out;
@@ -49,29 +47,29 @@ c10::IValue cast_argument(at::ScalarType to, c10::IValue v) {
 }
 
 void cast_all(at::ScalarType to, torch::jit::Stack* stack, size_t first,
-              size_t count) {
+              size_t count, c10::DeviceType dev) {
   for (size_t i = first; i < first + count; ++i) {
-    (*stack)[i] = cast_argument(to, std::move((*stack)[i]));
+    (*stack)[i] = cast_argument(to, std::move((*stack)[i]), dev);
   }
 }
 
 // Widest floating type among the eligible inputs, starting from the autocast
 // dtype (ATen's own prioritize rule: float32 wins, float64 is ignored).
 at::ScalarType widest_type(const torch::jit::Stack& stack, size_t first,
-                           size_t count) {
-  at::ScalarType widest = at::autocast::get_autocast_dtype(kXla);
+                           size_t count, c10::DeviceType dev) {
+  at::ScalarType widest = at::autocast::get_autocast_dtype(dev);
   for (size_t i = first; i < first + count; ++i) {
     const c10::IValue& v = stack[i];
     if (v.isTensor()) {
-      widest = at::autocast::prioritize(widest, v.toTensor(), kXla);
+      widest = at::autocast::prioritize(widest, v.toTensor(), dev);
     } else if (v.isTensorList()) {
       for (const at::Tensor& t : v.toTensorList()) {
-        widest = at::autocast::prioritize(widest, t, kXla);
+        widest = at::autocast::prioritize(widest, t, dev);
       }
     } else if (v.isList()) {
       for (const c10::IValue& e : v.toList()) {
         if (e.isTensor()) {
-          widest = at::autocast::prioritize(widest, e.toTensor(), kXla);
+          widest = at::autocast::prioritize(widest, e.toTensor(), dev);
         }
       }
     }
@@ -82,10 +80,10 @@ at::ScalarType widest_type(const torch::jit::Stack& stack, size_t first,
 // The floating XLA tensors among the arguments (Tensor and Tensor? only:
 // the ops with adaptations take no tensor lists), with argument indices.
 std::vector<std::pair<size_t, at::ScalarType>> floating_inputs(
-    const torch::jit::Stack& stack, size_t first, size_t count) {
+    const torch::jit::Stack& stack, size_t first, size_t count, c10::DeviceType dev) {
   std::vector<std::pair<size_t, at::ScalarType>> found;
   for (size_t i = 0; i < count; ++i) {
-    if (eligible(stack[first + i])) {
+    if (eligible(stack[first + i], dev)) {
       found.emplace_back(i, stack[first + i].toTensor().scalar_type());
     }
   }
@@ -139,7 +137,7 @@ void AutocastKernel::operator()(const c10::OperatorHandle& op,
   for (size_t i = stack->size() - nargs; i < stack->size(); ++i) {
     tensor_dtypes((*stack)[i], &in);
   }
-  // An op left uncast runs below autocast with AutocastXLA still included;
+  // An op left uncast runs below autocast with the key still included;
   // XLA's functionalization re-issues it from the top, reaching this kernel
   // again: that second call is the same decision, not counted twice.
   Applied applied;
@@ -164,13 +162,13 @@ bool AutocastKernel::adapt_mixed(const c10::OperatorHandle& op,
                                  torch::jit::Stack* stack) {
   const auto& args = op.schema().arguments();
   const size_t first = stack->size() - args.size();
-  const auto inputs = floating_inputs(*stack, first, args.size());
+  const auto inputs = floating_inputs(*stack, first, args.size(), device_);
   bool mixed = false;
   for (const auto& in : inputs) mixed |= in.second != inputs.front().second;
   if (!mixed) return false;
 
   if (category == CastCategory::kPromoteMixed) {
-    cast_all(at::kFloat, stack, first, args.size());
+    cast_all(at::kFloat, stack, first, args.size(), device_);
     op.callBoxed(stack);
     return true;
   }
@@ -225,18 +223,17 @@ const AutocastKernel::SchemaInfo& AutocastKernel::schema_info(
 AutocastKernel::Applied AutocastKernel::run(const c10::OperatorHandle& op,
                                             c10::DispatchKeySet ks,
                                             torch::jit::Stack* stack) {
-  const PolicyTable* policy = active_policy();
+  const PolicyTable* policy = active_policy(engine_);
   const CastCategory category =
       policy ? policy->category(slot_) : CastCategory::kNone;
   const SchemaInfo& info = schema_info(op);
   if (category == CastCategory::kFp32Compute ||
       category == CastCategory::kPromoteMixed) {
     if (!info.mutates) {
-      c10::impl::ExcludeDispatchKeyGuard no_autocast(
-          c10::DispatchKey::AutocastXLA);
+      c10::impl::ExcludeDispatchKeyGuard no_autocast(key_);
       if (adapt_mixed(op, category, stack)) return {category, at::kFloat};
     }
-    op.redispatchBoxed(ks & kBelowAutocast, stack);
+    op.redispatchBoxed(ks & below_, stack);
     return {};
   }
   if (category == CastCategory::kDecompose && !info.mutates) {
@@ -251,15 +248,15 @@ AutocastKernel::Applied AutocastKernel::run(const c10::OperatorHandle& op,
   if (category == CastCategory::kNone && !info.mutates) {
     // Not autocast under this policy: behave as if no kernel were here, so
     // the ops a composite calls inside still meet autocast.
-    op.redispatchBoxed(ks & kBelowAutocast, stack);
+    op.redispatchBoxed(ks & below_, stack);
     return {};
   }
   // From here on the op is either cast or deliberately left alone (in-place,
   // out=, explicit dtype=): everything below, the casts included, runs with
-  // AutocastXLA excluded so nothing inside it is autocast again. For
+  // the key excluded so nothing inside it is autocast again. For
   // in-place/out= that matters on XLA, where functionalization re-issues the
   // functional op from the top of the dispatcher.
-  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastXLA);
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(key_);
   if (category == CastCategory::kBanned) {
     auto it = policy->banned_reason.find(slot_);
     TORCH_CHECK(false, "xla_amp: ", op.schema().operator_name(),
@@ -280,16 +277,16 @@ AutocastKernel::Applied AutocastKernel::run(const c10::OperatorHandle& op,
 
   switch (category) {
     case CastCategory::kLowerPrecisionFp:
-      cast_all(at::autocast::get_autocast_dtype(kXla), stack, first, nargs);
+      cast_all(at::autocast::get_autocast_dtype(device_), stack, first, nargs, device_);
       break;
     case CastCategory::kFp32:
-      cast_all(at::kFloat, stack, first, nargs);
+      cast_all(at::kFloat, stack, first, nargs, device_);
       break;
     case CastCategory::kPromote:
-      cast_all(widest_type(*stack, first, nargs), stack, first, nargs);
+      cast_all(widest_type(*stack, first, nargs, device_), stack, first, nargs, device_);
       break;
     case CastCategory::kFp32SetOptDtype:
-      if (info.dtype_arg >= 0 && nargs > 0 && eligible((*stack)[first])) {
+      if (info.dtype_arg >= 0 && nargs > 0 && eligible((*stack)[first], device_)) {
         (*stack)[first + info.dtype_arg] =
             c10::IValue(static_cast<int64_t>(at::kFloat));
       } else {
@@ -299,7 +296,7 @@ AutocastKernel::Applied AutocastKernel::run(const c10::OperatorHandle& op,
     case CastCategory::kFp32AppendDtype: {
       auto target = policy->append_target.find(slot_);
       if (target != policy->append_target.end() && nargs > 0 &&
-          eligible((*stack)[first])) {
+          eligible((*stack)[first], device_)) {
         stack->emplace_back(static_cast<int64_t>(at::kFloat));
         target->second.callBoxed(stack);
         return applied;

@@ -1,4 +1,5 @@
-// The boxed AutocastXLA kernel: one instance per registered op overload.
+// The boxed autocast kernel: one instance per registered op overload and
+// engine (AutocastXLA or AutocastPrivateUse1, engine_key.h).
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -7,22 +8,20 @@
 #include <atomic>
 
 #include "cast_category.h"
+#include "engine_key.h"
 
 namespace xla_amp {
-
-// Redispatch target for an op the active policy leaves alone: everything
-// below AutocastXLA, as if no autocast kernel were registered.
-inline const c10::DispatchKeySet kBelowAutocast(c10::DispatchKeySet::FULL_AFTER,
-                                                c10::DispatchKey::AutocastXLA);
 
 // Redispatch target of a [decompose] op: PyTorch's composite kernel.
 inline const c10::DispatchKeySet kDecomposition({c10::DispatchKey::AutogradCPU,
                                                  c10::DispatchKey::CPU});
 
-// Registered for an op under the AutocastXLA key. On each call it looks up
-// the op's category in the thread's active policy, casts the arguments on
-// the stack accordingly and calls the op again with AutocastXLA excluded, so
-// ops the target calls internally are not autocast a second time.
+// Registered for an op under its engine's autocast key (AutocastXLA or
+// AutocastPrivateUse1). On each call it looks up the op's category in the
+// thread's active policy for that engine, casts the arguments on the stack
+// accordingly and calls the op again with the key excluded, so ops the
+// target calls internally are not autocast a second time. "XLA inputs"
+// below means tensors on the engine's device type (XLA or PrivateUse1).
 //
 //   category = active_policy.category(slot)
 //   if op mutates an argument (in-place, out=) or dtype= was given: no cast
@@ -43,7 +42,12 @@ inline const c10::DispatchKeySet kDecomposition({c10::DispatchKey::AutogradCPU,
 //   run the op below autocast
 class AutocastKernel final : public c10::OperatorKernel {
  public:
-  explicit AutocastKernel(int slot) : slot_(slot) {}
+  AutocastKernel(int slot, Engine engine)
+      : slot_(slot),
+        engine_(engine),
+        key_(autocast_key(engine)),
+        device_(device_type(engine)),
+        below_(below_autocast(engine)) {}
 
   // Runs the op as described above; with a recorder active on the thread
   // (recorder.h) also counts what was decided.
@@ -72,6 +76,10 @@ class AutocastKernel final : public c10::OperatorKernel {
                    torch::jit::Stack* stack);
 
   const int slot_;
+  const Engine engine_;
+  const c10::DispatchKey key_;     // the autocast key this instance serves
+  const c10::DeviceType device_;   // whose tensors it casts, whose dtype it reads
+  const c10::DispatchKeySet below_;  // everything below key_
   std::atomic<bool> info_ready_{false};
   SchemaInfo info_;
 };

@@ -9,69 +9,74 @@
 namespace xla_amp {
 namespace {
 
-thread_local std::vector<PolicyPtr> tls_policy_stack;
+thread_local std::vector<PolicyPtr> tls_policy_stack[kEngineCount];
 
 std::mutex default_mutex;
-PolicyPtr default_table;  // guarded by default_mutex
-std::function<PolicyPtr()> default_resolver;  // guarded by default_mutex
+PolicyPtr default_table[kEngineCount];  // guarded by default_mutex
+std::function<PolicyPtr()> default_resolver[kEngineCount];  // guarded by default_mutex
 
-PolicyPtr resolve_default() {
+PolicyPtr resolve_default(int e) {
   std::function<PolicyPtr()> resolver;
   {
     std::lock_guard<std::mutex> lock(default_mutex);
-    if (default_table || !default_resolver) return default_table;
-    resolver = default_resolver;
+    if (default_table[e] || !default_resolver[e]) return default_table[e];
+    resolver = default_resolver[e];
   }
   PolicyPtr table = resolver();  // outside the lock: it may take the GIL
   std::lock_guard<std::mutex> lock(default_mutex);
-  if (!default_table) default_table = std::move(table);
-  return default_table;
+  if (!default_table[e]) default_table[e] = std::move(table);
+  return default_table[e];
 }
 
 }  // namespace
 
-const PolicyTable* active_policy() {
-  if (!tls_policy_stack.empty()) {
-    return tls_policy_stack.back().get();
+const PolicyTable* active_policy(Engine engine) {
+  const int e = engine_index(engine);
+  const std::vector<PolicyPtr>& stack = tls_policy_stack[e];
+  if (!stack.empty()) {
+    return stack.back().get();
   }
   // Threads that never entered xla_amp.autocast (plain torch.autocast("xla"),
   // or a thread spawned inside a region) fall back to the process default.
   // Cache it per thread: the default changes only on explicit request.
-  thread_local PolicyPtr cached;
-  cached = resolve_default();
-  return cached.get();
+  thread_local PolicyPtr cached[kEngineCount];
+  cached[e] = resolve_default(e);
+  return cached[e].get();
 }
 
-PolicyPtr active_policy_shared() {
-  if (!tls_policy_stack.empty()) return tls_policy_stack.back();
-  return resolve_default();
+PolicyPtr active_policy_shared(Engine engine) {
+  const int e = engine_index(engine);
+  if (!tls_policy_stack[e].empty()) return tls_policy_stack[e].back();
+  return resolve_default(e);
 }
 
-void push_thread_policy(PolicyPtr table) {
-  tls_policy_stack.push_back(std::move(table));
+void push_thread_policy(Engine engine, PolicyPtr table) {
+  tls_policy_stack[engine_index(engine)].push_back(std::move(table));
 }
 
-void pop_thread_policy() {
-  TORCH_CHECK(!tls_policy_stack.empty(),
-              "xla_amp: policy stack underflow (exit without enter)");
-  tls_policy_stack.pop_back();
+void pop_thread_policy(Engine engine) {
+  std::vector<PolicyPtr>& stack = tls_policy_stack[engine_index(engine)];
+  TORCH_CHECK(!stack.empty(), "xla_amp: policy stack underflow (exit without enter)");
+  stack.pop_back();
 }
 
-int thread_policy_depth() { return static_cast<int>(tls_policy_stack.size()); }
+int thread_policy_depth(Engine engine) {
+  return static_cast<int>(tls_policy_stack[engine_index(engine)].size());
+}
 
-void set_default_policy(PolicyPtr table) {
+void set_default_policy(Engine engine, PolicyPtr table) {
   std::lock_guard<std::mutex> lock(default_mutex);
-  default_table = std::move(table);
+  default_table[engine_index(engine)] = std::move(table);
 }
 
-void set_default_resolver(std::function<PolicyPtr()> resolver) {
+void set_default_resolver(Engine engine, std::function<PolicyPtr()> resolver) {
   std::lock_guard<std::mutex> lock(default_mutex);
-  default_resolver = std::move(resolver);
+  default_resolver[engine_index(engine)] = std::move(resolver);
 }
 
-PolicyPtr default_policy() {
+PolicyPtr default_policy(Engine engine) {
   std::lock_guard<std::mutex> lock(default_mutex);
-  return default_table;
+  return default_table[engine_index(engine)];
 }
 
 std::shared_ptr<PolicyTable> compile_policy(

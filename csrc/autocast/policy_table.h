@@ -2,8 +2,9 @@
 //
 // Tables are immutable once built; switching policy swaps a pointer, so the
 // kernel reads them without locks. Each thread has its own stack of active
-// tables (autocast state is per thread); a thread with an empty stack uses
-// the process default (plain torch.autocast("xla") after `import xla_amp`).
+// tables per engine (autocast state is per thread, engine_key.h); a thread
+// with an empty stack uses the engine's process default (plain
+// torch.autocast("xla") / torch.autocast("tpu") after `import xla_amp`).
 #pragma once
 
 #include <functional>
@@ -16,6 +17,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include "cast_category.h"
+#include "engine_key.h"
 
 namespace xla_amp {
 
@@ -35,22 +37,23 @@ struct PolicyTable {
 
 using PolicyPtr = std::shared_ptr<const PolicyTable>;
 
-// The table the calling thread's autocast kernels use now, or nullptr.
-const PolicyTable* active_policy();
+// The table the calling thread's autocast kernels of `engine` use now, or
+// nullptr.
+const PolicyTable* active_policy(Engine engine);
 // The same table, shared: for carrying a region's policy to another thread
 // (autograd runs backward on its own device thread).
-PolicyPtr active_policy_shared();
+PolicyPtr active_policy_shared(Engine engine);
 
-void push_thread_policy(PolicyPtr table);
-void pop_thread_policy();
-int thread_policy_depth();
-void set_default_policy(PolicyPtr table);
-PolicyPtr default_policy();
+void push_thread_policy(Engine engine, PolicyPtr table);
+void pop_thread_policy(Engine engine);
+int thread_policy_depth(Engine engine);
+void set_default_policy(Engine engine, PolicyPtr table);
+PolicyPtr default_policy(Engine engine);
 
 // Called (once, lazily) when a kernel runs with no thread policy and no
-// default yet: the default depends on the device's hardware, which is only
-// known once the XLA runtime is up, i.e. when an XLA tensor exists.
-void set_default_resolver(std::function<PolicyPtr()> resolver);
+// default yet: the XLA default depends on the device's hardware, which is
+// only known once the XLA runtime is up, i.e. when an XLA tensor exists.
+void set_default_resolver(Engine engine, std::function<PolicyPtr()> resolver);
 
 // Builds a table from (slot, category code, banned reason, append target
 // "ns::op.overload") rows; the Python Policy validated the names already.

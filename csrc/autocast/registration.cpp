@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "autocast_kernel.h"
 #include "op_name.h"
@@ -33,9 +34,12 @@ class OverrideWarningFilter : public c10::WarningHandler {
 
 struct Registry {
   std::mutex mutex;
-  std::unordered_map<std::string, int> slot_of;
-  std::vector<std::string> names;
-  std::map<std::string, std::unique_ptr<torch::Library>> library_of_namespace;
+  std::unordered_map<std::string, int> slot_of;  // shared by the engines
+  struct PerEngine {
+    std::unordered_set<std::string> registered;
+    std::vector<std::string> names;  // in registration order
+    std::map<std::string, std::unique_ptr<torch::Library>> library_of_namespace;
+  } engine[kEngineCount];
 };
 
 Registry& registry() {
@@ -45,8 +49,10 @@ Registry& registry() {
 
 }  // namespace
 
-RegistrationResult register_ops(const std::vector<std::string>& names) {
+RegistrationResult register_ops(Engine engine, const std::vector<std::string>& names) {
   Registry& r = registry();
+  Registry::PerEngine& mine = r.engine[engine_index(engine)];
+  const c10::DispatchKey key = autocast_key(engine);
   std::lock_guard<std::mutex> lock(r.mutex);
   OverrideWarningFilter filter(c10::WarningUtils::get_warning_handler());
   c10::WarningUtils::WarningHandlerGuard guard(&filter);
@@ -54,40 +60,38 @@ RegistrationResult register_ops(const std::vector<std::string>& names) {
   RegistrationResult result;
   for (const std::string& full : names) {
     auto found = r.slot_of.find(full);
-    if (found != r.slot_of.end()) {
-      result.slots.push_back(found->second);
-      continue;
-    }
+    const int slot = found != r.slot_of.end() ? found->second
+                                              : static_cast<int>(r.slot_of.size());
+    result.slots.push_back(slot);
+    if (mine.registered.count(full)) continue;
+
     const OpName name = parse_op_name(full);
     auto existing = c10::Dispatcher::singleton().findOp({name.qualified(), name.overload});
-    if (existing &&
-        existing->hasKernelForDispatchKey(c10::DispatchKey::AutocastXLA)) {
+    if (existing && existing->hasKernelForDispatchKey(key)) {
       ++result.replaced;
     }
 
-    auto& lib = r.library_of_namespace[name.ns];
+    auto& lib = mine.library_of_namespace[name.ns];
     if (!lib) {
-      lib = std::make_unique<torch::Library>(
-          torch::Library::IMPL, name.ns, c10::DispatchKey::AutocastXLA, __FILE__,
-          __LINE__);
+      lib = std::make_unique<torch::Library>(torch::Library::IMPL, name.ns, key,
+                                             __FILE__, __LINE__);
     }
-    const int slot = static_cast<int>(r.names.size());
-    if (!register_typed_kernel(*lib, name, slot)) {
+    if (!register_typed_kernel(*lib, name, slot, engine)) {
       lib->impl(name.name_and_overload().c_str(),
                 torch::CppFunction::makeFromBoxedFunctor(
-                    std::make_unique<AutocastKernel>(slot)));
+                    std::make_unique<AutocastKernel>(slot, engine)));
     }
     r.slot_of.emplace(full, slot);
-    r.names.push_back(full);
-    result.slots.push_back(slot);
+    mine.registered.insert(full);
+    mine.names.push_back(full);
   }
   return result;
 }
 
-std::vector<std::string> registered_ops() {
+std::vector<std::string> registered_ops(Engine engine) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  return r.names;
+  return r.engine[engine_index(engine)].names;
 }
 
 }  // namespace xla_amp

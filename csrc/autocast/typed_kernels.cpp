@@ -34,49 +34,49 @@
 namespace xla_amp {
 namespace {
 
-constexpr c10::DeviceType kXla = c10::DeviceType::XLA;
-
 // -- per-argument helpers, overloaded on the argument's C++ type ----------
 
-at::Tensor cast(at::ScalarType to, const at::Tensor& t) {
-  return at::autocast::cached_cast(to, t, kXla);
+using Dev = c10::DeviceType;
+
+at::Tensor cast(at::ScalarType to, Dev dev, const at::Tensor& t) {
+  return at::autocast::cached_cast(to, t, dev);
 }
-std::optional<at::Tensor> cast(at::ScalarType to, const std::optional<at::Tensor>& t) {
-  return t.has_value() ? std::optional<at::Tensor>(cast(to, *t)) : t;
+std::optional<at::Tensor> cast(at::ScalarType to, Dev dev, const std::optional<at::Tensor>& t) {
+  return t.has_value() ? std::optional<at::Tensor>(cast(to, dev, *t)) : t;
 }
-std::vector<at::Tensor> cast(at::ScalarType to, at::TensorList list) {
+std::vector<at::Tensor> cast(at::ScalarType to, Dev dev, at::TensorList list) {
   std::vector<at::Tensor> out;
   out.reserve(list.size());
-  for (const at::Tensor& t : list) out.push_back(cast(to, t));
+  for (const at::Tensor& t : list) out.push_back(cast(to, dev, t));
   return out;
 }
-std::vector<at::Tensor> cast(at::ScalarType to, const at::ITensorListRef& list) {
+std::vector<at::Tensor> cast(at::ScalarType to, Dev dev, const at::ITensorListRef& list) {
   std::vector<at::Tensor> out;
   out.reserve(list.size());
-  for (const at::Tensor& t : list) out.push_back(cast(to, t));
+  for (const at::Tensor& t : list) out.push_back(cast(to, dev, t));
   return out;
 }
 template <class T>
-const T& cast(at::ScalarType, const T& other) {
+const T& cast(at::ScalarType, Dev, const T& other) {
   return other;
 }
 
-at::ScalarType widen(at::ScalarType w, const at::Tensor& t) {
-  return at::autocast::prioritize(w, t, kXla);
+at::ScalarType widen(at::ScalarType w, Dev dev, const at::Tensor& t) {
+  return at::autocast::prioritize(w, t, dev);
 }
-at::ScalarType widen(at::ScalarType w, const std::optional<at::Tensor>& t) {
-  return t.has_value() ? widen(w, *t) : w;
+at::ScalarType widen(at::ScalarType w, Dev dev, const std::optional<at::Tensor>& t) {
+  return t.has_value() ? widen(w, dev, *t) : w;
 }
-at::ScalarType widen(at::ScalarType w, at::TensorList list) {
-  for (const at::Tensor& t : list) w = widen(w, t);
+at::ScalarType widen(at::ScalarType w, Dev dev, at::TensorList list) {
+  for (const at::Tensor& t : list) w = widen(w, dev, t);
   return w;
 }
-at::ScalarType widen(at::ScalarType w, const at::ITensorListRef& list) {
-  for (const at::Tensor& t : list) w = widen(w, t);
+at::ScalarType widen(at::ScalarType w, Dev dev, const at::ITensorListRef& list) {
+  for (const at::Tensor& t : list) w = widen(w, dev, t);
   return w;
 }
 template <class T>
-at::ScalarType widen(at::ScalarType w, const T&) {
+at::ScalarType widen(at::ScalarType w, Dev, const T&) {
   return w;
 }
 
@@ -94,36 +94,39 @@ struct Typed;
 template <class Ret, class... Args>
 struct Typed<Ret(Args...)> {
   static void impl(torch::Library& lib, const std::string& name,
-                   const c10::OperatorHandle& op, int slot) {
+                   const c10::OperatorHandle& op, int slot, Engine engine) {
     auto typed = op.typed<Ret(Args...)>();
     // The boxed kernel handles what this one does not (shared ownership:
     // the lambda is copied into the dispatcher).
-    auto boxed = std::make_shared<c10::BoxedKernel>(
-        c10::BoxedKernel::makeFromFunctor(std::make_unique<AutocastKernel>(slot)));
+    auto boxed = std::make_shared<c10::BoxedKernel>(c10::BoxedKernel::makeFromFunctor(
+        std::make_unique<AutocastKernel>(slot, engine)));
+    const c10::DispatchKey key = autocast_key(engine);
+    const Dev dev = device_type(engine);
+    const c10::DispatchKeySet below = below_autocast(engine);
     lib.impl(name.c_str(),
-             torch::CppFunction([slot, typed, op, boxed](c10::DispatchKeySet ks,
-                                                         Args... args) -> Ret {
-      const PolicyTable* policy = active_policy();
+             torch::CppFunction([slot, engine, key, dev, below, typed, op, boxed](
+                                    c10::DispatchKeySet ks, Args... args) -> Ret {
+      const PolicyTable* policy = active_policy(engine);
       const CastCategory category =
           policy ? policy->category(slot) : CastCategory::kNone;
       if (C10_UNLIKELY(active_recorder() != nullptr)) {  // the boxed kernel records
         return c10::impl::BoxedKernelWrapper<Ret(Args...)>::call(*boxed, op, ks, args...);
       }
       if (category == CastCategory::kNone) {
-        return typed.redispatch(ks & kBelowAutocast, args...);
+        return typed.redispatch(ks & below, args...);
       }
       if (category == CastCategory::kLowerPrecisionFp ||
           category == CastCategory::kFp32 || category == CastCategory::kPromote) {
-        c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastXLA);
+        c10::impl::ExcludeDispatchKeyGuard no_autocast(key);
         if ((explicit_dtype(args) || ...)) return typed.call(args...);
         at::ScalarType to = at::kFloat;
         if (category == CastCategory::kLowerPrecisionFp) {
-          to = at::autocast::get_autocast_dtype(kXla);
+          to = at::autocast::get_autocast_dtype(dev);
         } else if (category == CastCategory::kPromote) {
-          to = at::autocast::get_autocast_dtype(kXla);
-          ((to = widen(to, args)), ...);
+          to = at::autocast::get_autocast_dtype(dev);
+          ((to = widen(to, dev, args)), ...);
         }
-        return typed.call(cast(to, args)...);
+        return typed.call(cast(to, dev, args)...);
       }
       return c10::impl::BoxedKernelWrapper<Ret(Args...)>::call(*boxed, op, ks, args...);
     }));
@@ -131,7 +134,7 @@ struct Typed<Ret(Args...)> {
 };
 
 using Registrar = std::function<void(torch::Library&, const std::string&,
-                                     const c10::OperatorHandle&, int)>;
+                                     const c10::OperatorHandle&, int, Engine)>;
 
 template <class Op>
 std::pair<std::string, Registrar> entry(const char* name) {
@@ -163,12 +166,13 @@ const std::unordered_map<std::string, Registrar>& registrars() {
 
 }  // namespace
 
-bool register_typed_kernel(torch::Library& lib, const OpName& name, int slot) {
+bool register_typed_kernel(torch::Library& lib, const OpName& name, int slot,
+                           Engine engine) {
   auto it = registrars().find(name.ns + "::" + name.name_and_overload());
   if (it == registrars().end()) return false;
   auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(
       name.qualified().c_str(), name.overload.c_str());
-  it->second(lib, name.name_and_overload(), handle, slot);
+  it->second(lib, name.name_and_overload(), handle, slot, engine);
   return true;
 }
 

@@ -11,12 +11,15 @@
 
 #include <torch/library.h>
 
+#include "engine_key.h"
 #include "op_name.h"
 
 namespace xla_amp {
 
 // Registers the typed kernel for `name` (e.g. aten::conv2d,
-// aten::log_softmax.int) in `lib` if one exists; returns whether it did.
-bool register_typed_kernel(torch::Library& lib, const OpName& name, int slot);
+// aten::log_softmax.int) of `engine` in `lib` (a library for the engine's
+// key) if one exists; returns whether it did.
+bool register_typed_kernel(torch::Library& lib, const OpName& name, int slot,
+                           Engine engine);
 
 }  // namespace xla_amp

@@ -1,7 +1,7 @@
 // Argument collection for the sync-free optimizers (xla_amp/syncfree/_base.py).
 #pragma once
 
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 namespace xla_amp {
 

@@ -68,7 +68,9 @@ def test_no_import_cycles():
 
 
 def test_top_level_is_small_and_folders_hold_concepts():
-    top = sorted(p.name for p in PKG.glob("*.py"))
+    # a native build for another Python adds its generated record
+    # (_build_info_cpython_312.py, not in git) beside _build_info.py
+    top = sorted(p.name for p in PKG.glob("*.py") if not p.name.startswith("_build_info_"))
     assert len(top) <= 10, top
     for concept in ("autocast", "policies", "precision", "scaler", "syncfree", "numerics", "gpu"):
         assert (PKG / concept / "__init__.py").is_file(), concept

@@ -22,6 +22,7 @@ if _engines.available("torch_xla"):
 standin_tpu.install()
 out["standin"] = dtype_parity.table(
     lambda p: xla_amp.autocast("tpu", policy=p), standin_tpu.to_device)
+out["kernels"] = xla_amp.privateuse1.kernels()  # which served the stand-in
 if "--reference" in sys.argv:  # the committed torch_xla table (tests/privateuse1/test_parity.py)
     out = {"torch": out["torch"], "torch_xla": out["torch_xla"]}
 with open(sys.argv[1], "w") as f:

@@ -22,6 +22,7 @@ import xla_amp  # noqa: E402
 
 out = {"seconds_to_load": round(loaded, 2), "backend": torch._C._get_privateuse1_backend_name(),
        "theirs": theirs, "displaced": xla_amp.privateuse1.displaced(), "log": records,
+       "kernels": xla_amp.privateuse1.kernels(),
        "mm_kernel": [line for line in torch._C._dispatch_dump("aten::mm").splitlines()
                      if line.startswith(KEY)]}
 for name, call in (("xla_amp", lambda: xla_amp.autocast("tpu")),

@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from xla_amp import _engines
+from xla_amp import _engine, _engines
 
 from tests.support import launch, runs
 
@@ -44,16 +44,19 @@ def _minor() -> str:
     return "%d.%d" % _engines.torch_minor()
 
 
-def _tables() -> dict:
+def _tables(kernels: str = "auto") -> dict:
+    """The tables, the stand-in's with the kernels XLA_AMP_PRIVATEUSE1_KERNELS
+    picks (auto: the native ones where this torch's build loads)."""
     def compute():
-        out = os.path.join(os.environ[runs.RUN_DIR_VAR], "parity-tables.json")
+        out = os.path.join(os.environ[runs.RUN_DIR_VAR], f"parity-tables-{kernels}.json")
         proc = subprocess.run([sys.executable, os.path.join(HERE, "_parity_run.py"), out],
-                              capture_output=True, text=True, env=launch.launch_env(),
+                              capture_output=True, text=True,
+                              env=launch.launch_env(XLA_AMP_PRIVATEUSE1_KERNELS=kernels),
                               timeout=300, cwd=launch.ROOT)
         assert proc.returncode == 0, proc.stderr[-3000:]
         with open(out) as f:
             return json.load(f)
-    return runs.once_per_run(("privateuse1-parity", torch.__version__), compute)
+    return runs.once_per_run(("privateuse1-parity", torch.__version__, kernels), compute)
 
 
 def _reference() -> dict:
@@ -102,3 +105,16 @@ def test_standin_dtypes_equal_the_torch_xla_engines():
     assert explained - set(differences) <= {k for k, why in EXPLAINED.items()
                                             if "*" not in why and minor not in why}, \
         explained - set(differences)
+
+
+@pytest.mark.skipif(_engine.privateuse1_native() is None,
+                    reason="no native build for this torch: make current / make build")
+def test_native_kernels_give_the_python_kernels_dtypes():
+    native, python = _tables(), _tables("python")  # auto: native where it loads (shared run)
+    assert native["kernels"] == "native" and python["kernels"] == "python"
+    assert set(native["standin"]) == set(python["standin"])
+    for policy, cases in python["standin"].items():
+        assert set(native["standin"][policy]) == set(cases), policy
+        differences = {key: (want, native["standin"][policy][key])
+                       for key, want in cases.items() if native["standin"][policy][key] != want}
+        assert not differences, (policy, differences)

@@ -48,9 +48,15 @@ def test_torchtpu_table_is_taken_over_in_one_line(run):
     assert set(run["displaced"]) == set(run["theirs"])
     assert len(run["log"]) == 1 and f"{len(run['theirs'])} AutocastPrivateUse1 kernels" \
         in run["log"][0], run["log"]
-    # the dispatcher names xla_amp's Python kernel for mm now
+    # the dispatcher names xla_amp's kernel for mm now: native (xla_amp._C's
+    # registration) where this torch's build loads, else the Python one
     assert run["mm_kernel"] and "registered at" in run["mm_kernel"][0]
-    assert "python" in run["mm_kernel"][0].lower() or ".py" in run["mm_kernel"][0], run["mm_kernel"]
+    if run["kernels"] == "native":
+        assert "/csrc/autocast/registration.cpp" in run["mm_kernel"][0], run["mm_kernel"]
+    else:
+        assert run["kernels"] == "python"
+        assert "python" in run["mm_kernel"][0].lower() or ".py" in run["mm_kernel"][0], \
+            run["mm_kernel"]
 
 
 def test_no_device_refuses_in_one_line(run):

@@ -11,14 +11,22 @@ under PyTorch's PrivateUse1 key, TorchTPU's "tpu" first (torch-tpu, torch
                                               is loaded)
     displaced()                               ops whose TorchTPU autocast kernel
                                               xla_amp's replaced
+    kernels()                                 "native" | "python": which kernels
+                                              serve AutocastPrivateUse1
 
-The kernels (_kernels.py) are per-op registrations, one per overload a
-policy lists (the boxed fallback alternative is measured in
+The kernels are xla_amp's native ones (xla_amp._C, the same C++ as the
+torch_xla engine's, registered under AutocastPrivateUse1) where a build for
+the running torch loads (`make current`), else the Python ones (_kernels.py);
+install() says which in one log line. XLA_AMP_PRIVATEUSE1_KERNELS=python
+picks the Python ones, =native refuses to run without the native ones.
+
+Either kind are per-op registrations, one per overload a policy lists
+(the boxed fallback alternative is measured in
 benchmarks/privateuse1_dispatch.py); _install.py registers them and the
 GradScaler's two ops where the device lacks them (_amp_ops.py). See
 docs/torchtpu.md.
 """
-from xla_amp.privateuse1._install import install
+from xla_amp.privateuse1._install import install, kernels
 from xla_amp.privateuse1._region import autocast, set_default_policy
 
 
@@ -27,4 +35,4 @@ def displaced() -> list[str]:
     return list(_install.displaced)
 
 
-__all__ = ["autocast", "set_default_policy", "install", "displaced"]
+__all__ = ["autocast", "set_default_policy", "install", "displaced", "kernels"]

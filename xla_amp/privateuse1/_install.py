@@ -1,5 +1,10 @@
 """Registration of the cast kernels under AutocastPrivateUse1, and tables.
 
+Which kernels: the native ones (xla_amp._C built for this torch, `make
+current`; xla_amp/_engine.py) where they load, else the Python ones
+(_kernels.py); install() says which in one log line (a warning where a
+native build exists for another torch), ``kernels()`` returns it.
+
     install()           once per process (idempotent), for the PrivateUse1
                         backend as it is named then ("tpu" under TorchTPU):
                         a fallthrough for the whole key where none exists
@@ -41,13 +46,36 @@ installed_for: list[str] = []  # the backend name install() ran for
 fallthrough_added = [False]
 
 
-class Table:
-    """One policy, compiled: overload -> Rule."""
-    __slots__ = ("name", "rules", "__weakref__")
+native: list = [None]  # xla_amp._engine when the native kernels serve the key
 
-    def __init__(self, name: str, rules: dict):
+
+class Table:
+    """One policy, compiled: overload -> Rule, and the native kernels'
+    table (`native`, a CompiledPolicy) when they serve the key."""
+    __slots__ = ("name", "rules", "native", "__weakref__")
+
+    def __init__(self, name: str, rules: dict, native=None):
         self.name = name
         self.rules = rules
+        self.native = native
+
+
+def kernels() -> str:
+    """"native" or "python": which kernels serve AutocastPrivateUse1 (install()
+    decides; before it, what it would decide)."""
+    if native[0] is not None:
+        return "native"
+    if installed_for:
+        return "python"
+    from xla_amp import _engine
+    return "native" if _engine.privateuse1_native() is not None else "python"
+
+
+def set_default_table(table: Table) -> None:
+    """The table plain torch.autocast(<device>) uses, for either kernels."""
+    _kernels.default_table[0] = table
+    if native[0] is not None:
+        native[0].pu1_set_default(table.native)
 
 
 default: list = [None]  # set_default_policy's choice (None: the tpu rules)
@@ -72,6 +100,11 @@ def register(name: str) -> None:
     if name in _registered:
         return
     ns, base, overload = ops.split(name)
+    if native[0] is not None:
+        if native[0].pu1_register([name]):
+            displaced.append(name)
+        _registered.add(name)
+        return
     if torch._C._dispatch_has_kernel_for_dispatch_key(name, KEY):
         displaced.append(name)
     lib = _libs.get(ns)
@@ -105,11 +138,15 @@ def compile(policy: Policy) -> Table:
                                         reason=reason, policy=policy.name)
         known = set(torch._C._dispatch_get_all_op_names())
         for name in list(rules):
-            if name in known:
-                register(name)
-            else:  # a Python-only overload (aten::einsum.sublist): never dispatched
+            if name not in known:  # a Python-only overload (aten::einsum.sublist): never dispatched
                 del rules[name]
-        table = _tables[policy] = Table(policy.name, rules)
+            elif native[0] is None:
+                register(name)
+        table = Table(policy.name, rules)
+        if native[0] is not None:
+            table.native = native[0].pu1_compile(policy, rules)
+            _registered.update(rules)
+        _tables[policy] = table
         return table
 
 
@@ -151,6 +188,7 @@ def install(default: Policy | None = None) -> None:
         _engines.require("privateuse1", "xla_amp.privateuse1")  # a torch it is verified on
         _check_backend(name)
         installed_for.append(name)  # before compile() below, which calls install()
+        _choose_kernels(name)
         key = getattr(torch._C.DispatchKey, KEY)
         if not torch._C._dispatch_has_backend_fallback(key):
             fallthrough = torch.library.Library("_", "IMPL")
@@ -167,4 +205,19 @@ def install(default: Policy | None = None) -> None:
                         "decide those ops on '%s' (docs/torchtpu.md)", len(theirs), name)
         _amp_ops.register()
         _devices.add(name)
-        _kernels.default_table[0] = compile(default or default_policy())
+        set_default_table(compile(default or default_policy()))
+
+
+def _choose_kernels(name: str) -> None:
+    """Native kernels where this torch's build loads, else Python; one line."""
+    from xla_amp import _engine
+    library = _engine.privateuse1_native()
+    if library is not None:
+        native[0] = _engine
+        _kernels.native_stack[0] = (_engine.pu1_push, _engine.pu1_pop)
+        log.info("xla_amp: PrivateUse1 autocast kernels on '%s': native (xla_amp._C, "
+                 "built against torch %s)", name, library.TORCH_VERSION)
+        return
+    problem = _engine.privateuse1_problem()
+    (log.warning if "built against" in problem else log.info)(
+        "xla_amp: PrivateUse1 autocast kernels on '%s': python (%s)", name, problem)

@@ -1,5 +1,9 @@
 """The cast kernels, in Python: what xla_amp's native kernels do under
-AutocastXLA (csrc/autocast/autocast_kernel.cpp), for AutocastPrivateUse1.
+AutocastXLA and AutocastPrivateUse1 (csrc/autocast/autocast_kernel.cpp), for
+AutocastPrivateUse1 where no native build for this torch exists (_install
+says which serve the key). push/pop/active_table are the one door to a
+thread's active table for both: with the native kernels they drive
+xla_amp._C's per-thread stack too.
 
 One kernel per op overload, registered once (``_install.register``); it reads
 the calling thread's active table (``_state``) at each call::
@@ -57,14 +61,25 @@ def active_table():
     return stack[-1] if stack else default_table[0]
 
 
+# (push, pop) of the native kernels' per-thread stack (xla_amp._C), set by
+# _install when they serve the key: then a table's `native` is what they read.
+native_stack: list = [None]
+
+
 def push(table) -> None:
     """Make `table` this thread's active one (a region's enter, custom_bwd)."""
     state.stack.append(table)
+    native = native_stack[0]
+    if native is not None:
+        native[0](table.native)
 
 
 def pop() -> None:
     """Undo the last push on this thread."""
     state.stack.pop()
+    native = native_stack[0]
+    if native is not None:
+        native[1]()
 
 
 def _device_type() -> str:

@@ -19,7 +19,9 @@ Algorithm::
 
 A subclass of ``torch.amp.autocast``: ``torch.is_autocast_enabled("tpu")``
 and ``torch.get_autocast_dtype("tpu")`` report it. ``record=True`` (the
-precision report) needs the torch_xla engine's native recorder: refused.
+precision report, ``report()``) runs on the native kernels' recorder, the
+torch_xla engine's (xla_amp/autocast/_recording.py): with the Python
+kernels it is refused in one line.
 """
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ def set_default_policy(policy: str | Policy | None) -> None:
     resolved = policies.get(policy) if isinstance(policy, str) else policy
     table = _install.compile(resolved or policies.get("tpu"))
     _install.default[0] = resolved
-    _kernels.default_table[0] = table
+    _install.set_default_table(table)
 
 
 def device_type(device) -> str:
@@ -97,9 +99,6 @@ class autocast(torch.amp.autocast):
                             ("record", record)):
             if not isinstance(value, bool):
                 raise ValueError(f"autocast: {name} must be a bool, got {value!r}")
-        if record:
-            raise ValueError("autocast: record=True needs the torch_xla engine's recorder; "
-                             "it is not available on a PrivateUse1 device")
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise ValueError(f"autocast: dtype must be a floating torch.dtype or None, "
                              f"got {dtype!r}")
@@ -110,6 +109,12 @@ class autocast(torch.amp.autocast):
                             f"got {type(policy).__name__}")
         kind = device_type(device)
         _install.install()
+        if record and _install.kernels() != "native":
+            from xla_amp import _engine
+            raise ValueError("autocast: record=True needs xla_amp's native kernels (the "
+                             "recorder is C++), and the Python ones serve this device: "
+                             f"{_engine.privateuse1_problem()}")
+        self._record, self._recorder, self._previous = record, None, []
         self.policy = policy or _install.default_policy()
         if fp32_matmul_precision is not None or self.policy.fp32_matmul_precision_requested:
             # the backend's kernels run eagerly at their own precision: nothing
@@ -129,18 +134,52 @@ class autocast(torch.amp.autocast):
         super().__init__(kind, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
     def __enter__(self):
+        if self._record:  # per entry: a region entered again records afresh
+            from xla_amp import _engine
+            self._recorder = _engine.Recorder()
+            self._previous.append(_recording()[0].begin(self._recorder))
         _kernels.push(self._table)
         try:
             return super().__enter__()
         except BaseException:
-            _kernels.pop()
+            self._leave()
             raise
 
     def __exit__(self, *exc):
         try:
             return super().__exit__(*exc)
         finally:
-            _kernels.pop()
+            self._leave()
+
+    def _leave(self):
+        _kernels.pop()
+        if self._record:
+            _recording()[0].end(self._previous.pop())
+
+    def report(self):
+        """The PrecisionReport of this region's latest entry (record=True)."""
+        PrecisionReport = _recording()[1]
+        if not self._record:
+            raise RuntimeError("autocast.report(): this region was built without "
+                               "record=True; use xla_amp.autocast(device, record=True)")
+        if self._recorder is None:
+            raise RuntimeError("autocast.report(): the region has not been entered yet")
+        return PrecisionReport.from_engine(self._recorder.rows(), self.policy.name,
+                                           self.fast_dtype if self._enabled else None)
+
+
+def _recording():
+    """(xla_amp.autocast's recording hooks, PrecisionReport), imported on
+    first use. Importing that package sets the attribute ``xla_amp.autocast``
+    to it, over the region class the core exports under that name (_core.py):
+    put the class back."""
+    package = sys.modules["xla_amp"].__dict__
+    exported = package.get("autocast")
+    from xla_amp.autocast import _recording as recording
+    from xla_amp.autocast._report import PrecisionReport
+    if exported is not None and package.get("autocast") is not exported:
+        package["autocast"] = exported
+    return recording, PrecisionReport
 
 
 class Regions:
