@@ -23,23 +23,46 @@ pytestmark = pytest.mark.core
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def _run(*args, kernels=None):
+    env = launch.launch_env()
+    if kernels:
+        env["XLA_AMP_PRIVATEUSE1_KERNELS"] = kernels
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "_forms_run.py"), *args],
+                          capture_output=True, text=True, env=env, timeout=300, cwd=launch.ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def sweep() -> dict:
-    """The stand-in's sweep (once per test run); its "calls" file holds the
+    """The stand-in's sweeps (once per test run), one per kind of kernels
+    this torch has ({"native": ..., "python": ...}); "calls" is the file of
     captured calls the torch_xla engine replays (tests/autocast)."""
     def compute():
-        out = os.path.join(os.environ[runs.RUN_DIR_VAR], "argument-forms-standin.json")
-        calls = os.path.join(os.environ[runs.RUN_DIR_VAR], "argument-forms-calls.pt")
-        proc = subprocess.run([sys.executable, os.path.join(HERE, "_forms_run.py"), out, calls],
-                              capture_output=True, text=True, env=launch.launch_env(),
-                              timeout=300, cwd=launch.ROOT)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        with open(out) as f:
-            return dict(json.load(f), calls=calls)
+        folder = os.environ[runs.RUN_DIR_VAR]
+        calls = os.path.join(folder, "argument-forms-calls.pt")
+        _run("capture", calls, kernels="python")
+        out = {"calls": calls}
+        for kernels in ("native", "python"):
+            path = os.path.join(folder, f"argument-forms-{kernels}.json")
+            if kernels == "native" and not _native():
+                continue
+            _run("sweep", calls, path, kernels=kernels)
+            with open(path) as f:
+                out[kernels] = json.load(f)
+        return out
     return runs.once_per_run(("privateuse1-argument-forms", torch.__version__), compute)
 
 
-def test_every_form_equals_the_call_without_xla_amps_kernel():
-    result = sweep()
+def _native() -> bool:
+    from xla_amp import _engine
+    return _engine.privateuse1_native() is not None
+
+
+@pytest.mark.parametrize("kernels", ["native", "python"])
+def test_every_form_equals_the_call_without_xla_amps_kernel(kernels):
+    if kernels == "native" and not _native():
+        pytest.skip("no xla_amp._C for this Python and torch (make current builds it)")
+    result = sweep()[kernels]
+    assert result["kernels"] == kernels
     assert result["mismatches"] == [], "\n".join(result["mismatches"][:40])
     # what the sweep covered: a check that ran nothing would pass above
     assert result["checked"] - result["both_raised"] >= 2500, result
@@ -53,4 +76,6 @@ def test_every_form_equals_the_call_without_xla_amps_kernel():
                     reason="the torch 2.9 stand-in has no device guard (no Module.to)")
 def test_the_documented_fp32_layernorm_rule_runs_a_transformer_layer():
     # the layer ends in its second LayerNorm, which the rule runs in float32
-    assert sweep()["encoder_layer"] == {"dtype": "torch.float32", "finite": True}
+    for kernels in ("native", "python"):
+        if kernels in sweep():
+            assert sweep()[kernels]["encoder_layer"] == {"dtype": "torch.float32", "finite": True}
