@@ -34,11 +34,12 @@ logging.getLogger("xla_amp").addHandler(type("H", (logging.Handler,), {
 logging.getLogger("xla_amp").setLevel(logging.INFO)
 sys.modules["torch_xla"] = None  # the PrivateUse1 engine alone (and a quick start on 2.9)
 fake = sys.argv[1]
-if fake:
-    from xla_amp import _version_check
+if fake:  # before `import xla_amp`, which takes the key with the native kernels
+    import runpy
+    record_module = runpy.run_path("xla_amp/_version_check.py")["record_module"]  # as setup.py
     record = types.ModuleType("record")
     record.TORCH_VERSION, record.PYTHON = fake, sys.implementation.cache_tag
-    sys.modules["xla_amp." + _version_check.record_module({"torch": "x"})] = record
+    sys.modules["xla_amp." + record_module({"torch": "x"})] = record
     sys.modules["xla_amp._build_info"] = record
 import torch, xla_amp, xla_amp.privateuse1
 from tests.support import standin_tpu

@@ -2,7 +2,7 @@
 "tpu" device (issue #52): watch_nonfinite and compare with their flags on
 the device, xla_amp.custom_fwd/custom_bwd keeping the region's policy on
 autograd's device thread, and plain torch.autocast("tpu") right after
-``import xla_amp`` where the backend is named. Needs torch 2.11+ (autograd on the stand-in)."""
+``import xla_amp``, the backend named before or after it. Needs torch 2.11+ (autograd on the stand-in)."""
 import subprocess
 import sys
 
@@ -145,12 +145,18 @@ def test_torch_autocast_right_after_import_where_the_backend_is_named():
     assert _run(before="standin_tpu.install()") == ["torch.bfloat16"]
 
 
-def test_torch_autocast_named_after_import_works_once_installed():
+def test_torch_autocast_named_after_import_works_with_the_native_kernels():
+    # import xla_amp took the key before the backend was named (native kernels)
+    assert _run(after="standin_tpu.install()") == ["torch.bfloat16"]
+
+
+def test_torch_autocast_named_after_import_with_python_kernels_needs_install():
     # no fallback can refuse in xla_amp's words (a Python fallback on an
     # Autocast key trips a PyTorch assert): torch's own error, then install()
-    out = _run(after="standin_tpu.install()", then=(
-        "xla_amp.privateuse1.install()\n"
-        "with torch.autocast('tpu', dtype=torch.bfloat16):\n    print((a @ a).dtype)"))
+    out = _run(before="import os; os.environ['XLA_AMP_PRIVATEUSE1_KERNELS'] = 'python'",
+               after="standin_tpu.install()", then=(
+                   "xla_amp.privateuse1.install()\n"
+                   "with torch.autocast('tpu', dtype=torch.bfloat16):\n    print((a @ a).dtype)"))
     assert out[0].startswith("refused: Could not run 'aten::matmul' with arguments from "
                              "the 'Autocasttpu' backend"), out
     assert out[-1] == "torch.bfloat16"  # (torch's message runs over many lines)

@@ -24,6 +24,7 @@ dtype. A boxed fallback for the key, TorchTPU's, is kept.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import weakref
 
@@ -158,17 +159,39 @@ def _check_backend(name: str) -> None:
 
 
 def at_import() -> None:
-    """What ``import xla_amp`` does for AutocastPrivateUse1: install() where
-    the PrivateUse1 backend is named already, or TorchTPU is loaded (plain
-    torch.autocast(<name>) then follows xla_amp's policies at once). A
-    backend named later needs install() (or an xla_amp.autocast region, or
-    set_default_policy) before plain torch.autocast: torch 2.9-2.15 have no
-    fallback for the key, and a Python one cannot be registered on an
-    Autocast key (PyTorch asserts), so nothing here can refuse in its place."""
+    """What ``import xla_amp`` does for AutocastPrivateUse1, so that plain
+    torch.autocast(<name>) follows xla_amp's default policy right away:
+
+        named already (or TorchTPU loaded)   install()
+        not yet named, native kernels here   the key taken now (kernels for
+                                             the default policy, the
+                                             fallthrough), the rest of
+                                             install() when it is next
+                                             called after the naming
+        not yet named, Python kernels only   nothing (their per-call cost
+                                             stays out of processes that
+                                             never use the device): call
+                                             install() after naming it
+        torchax's "jax"                      nothing (xla_amp.torchax's own)
+
+    (torch 2.9-2.15 register no fallback for the key, and a Python one
+    cannot be registered on an Autocast key (PyTorch asserts), so where
+    nothing is taken torch's own error is what plain torch.autocast gives.)"""
     import sys
     name = backend_name()
-    if _engines.available("privateuse1") and (
-            name not in ("privateuseone", "jax") or "torch_tpu" in sys.modules):
+    if not _engines.available("privateuse1") or name == "jax":
+        return
+    if name != "privateuseone" or "torch_tpu" in sys.modules:
+        install()
+        return
+    from xla_amp import _engine
+    if os.environ.get(_engine.KERNELS_VAR, "auto") == "python":
+        return
+    try:
+        native = _engine.privateuse1_native()
+    except ImportError:  # native asked for, none loads: install() says so, not the import
+        return
+    if native is not None:
         install()
 
 
@@ -177,8 +200,11 @@ def install(default: Policy | None = None) -> None:
     with _lock:
         name = backend_name()
         if installed_for and installed_for[0] == "privateuseone" != name:
-            installed_for[0] = name  # renamed since (TorchTPU names it once a TPU is up)
-            _devices.add(name)
+            # named since (TorchTPU names it once a TPU is up; other backends
+            # at their import, after `import xla_amp` took the key)
+            _check_backend(name)
+            installed_for[0] = name
+            _take_over(name)
         if installed_for:
             if installed_for[0] != name:
                 raise RuntimeError(
@@ -195,17 +221,28 @@ def install(default: Policy | None = None) -> None:
             fallthrough.fallback(torch.library.fallthrough_kernel, KEY)
             _libs["_"] = fallthrough
             fallthrough_added[0] = True
-        theirs = [op for op in sorted(set(torch._C._dispatch_get_all_op_names()))
-                  if torch._C._dispatch_has_kernel_for_dispatch_key(op, KEY)]
-        for op in theirs:
-            register(op)
-        if theirs:
-            log.warning("xla_amp: %d AutocastPrivateUse1 kernels of another library "
-                        "(TorchTPU's compiled table) replaced by xla_amp's: its policies "
-                        "decide those ops on '%s' (docs/torchtpu.md)", len(theirs), name)
+        _take_over(name)
+        set_default_table(compile(default or default_policy()))
+
+
+def _take_over(name: str) -> None:
+    """Our kernel over every op another library registered for the key
+    (TorchTPU's compiled table), said in one line; for a backend that is
+    named (or TorchTPU, which names it once a TPU is up), the GradScaler's
+    ops where the device lacks them (Python kernels: not registered in
+    every process that merely imports xla_amp)."""
+    theirs = [op for op in sorted(set(torch._C._dispatch_get_all_op_names()))
+              if torch._C._dispatch_has_kernel_for_dispatch_key(op, KEY) and op not in _registered]
+    for op in theirs:
+        register(op)
+    if theirs:
+        log.warning("xla_amp: %d AutocastPrivateUse1 kernels of another library "
+                    "(TorchTPU's compiled table) replaced by xla_amp's: its policies "
+                    "decide those ops on '%s' (docs/torchtpu.md)", len(theirs), name)
+    import sys
+    if name != "privateuseone" or "torch_tpu" in sys.modules:
         _amp_ops.register()
         _devices.add(name)
-        set_default_table(compile(default or default_policy()))
 
 
 def _choose_kernels(name: str) -> None:
