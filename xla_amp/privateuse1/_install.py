@@ -204,6 +204,7 @@ def install(default: Policy | None = None) -> None:
             # at their import, after `import xla_amp` took the key)
             _check_backend(name)
             installed_for[0] = name
+            _say_kernels(name)
             _take_over(name)
         if installed_for:
             if installed_for[0] != name:
@@ -246,12 +247,21 @@ def _take_over(name: str) -> None:
 
 
 def _choose_kernels(name: str) -> None:
-    """Native kernels where this torch's build loads, else Python; one line."""
+    """Native kernels where this torch's build loads, else Python; one line
+    (for a backend not named yet, when it is: `import xla_amp` says nothing)."""
     from xla_amp import _engine
     library = _engine.privateuse1_native()
     if library is not None:
         native[0] = _engine
         _kernels.native_stack[0] = (_engine.pu1_push, _engine.pu1_pop)
+    if name != "privateuseone":
+        _say_kernels(name)
+
+
+def _say_kernels(name: str) -> None:
+    from xla_amp import _engine
+    library = _engine.privateuse1_native()
+    if native[0] is not None:
         log.info("xla_amp: PrivateUse1 autocast kernels on '%s': native (xla_amp._C, "
                  "built against torch %s)", name, library.TORCH_VERSION)
         return
