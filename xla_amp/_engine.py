@@ -73,19 +73,25 @@ def compile(policy: Policy) -> "_C.CompiledPolicy":
                    for overload in ops.overloads(op)}
         for overload, kind in adapted.items():
             per_overload.setdefault(overload, kind)
-        names = sorted(per_overload)
-        slots, _ = _C.register_ops(names)
-        guarded = sorted({m for op in policy.categories for m in ops.mutating_overloads(op)})
-        _C.register_ops(guarded)  # pass-through: keeps in-place/out= uncast
-        rows = []
-        for name, slot in zip(names, slots):
-            cat = per_overload[name]
-            reason = _banned_reason(policy, name) if cat == "banned" else ""
-            target = ops.append_dtype_target(name) if cat == "fp32_append_dtype" else ""
-            rows.append((slot, _CATEGORY_CODE[cat], reason, target))
-        table = _C.compile_policy(policy.name, rows)
+        table = _C.compile_policy(policy.name, _rows(policy, per_overload, sorted(per_overload)))
         _compiled[policy] = table
         return table
+
+
+def _rows(policy: Policy, per_overload: dict, names: list, *engine) -> list:
+    """The engine's kernels registered for `names` (and, as pass-throughs
+    keeping them uncast, the in-place/out= overloads of the policy's ops);
+    the compiled table's rows (slot, category code, banned reason, target)."""
+    slots, _ = _C.register_ops(names, *engine)
+    guarded = sorted({m for op in policy.categories for m in ops.mutating_overloads(op)})
+    _C.register_ops(guarded, *engine)
+    rows = []
+    for name, slot in zip(names, slots):
+        cat = per_overload[name]
+        reason = _banned_reason(policy, name) if cat == "banned" else ""
+        target = ops.append_dtype_target(name) if cat == "fp32_append_dtype" else ""
+        rows.append((slot, _CATEGORY_CODE[cat], reason, target))
+    return rows
 
 
 def _banned_reason(policy: Policy, overload: str) -> str:
@@ -215,16 +221,7 @@ def pu1_compile(policy: Policy, names) -> object:
         return table
     with _lock:
         per_overload = policy.expanded()
-        names = sorted(names)
-        slots, _ = _C.register_ops(names, _C.ENGINE_PRIVATEUSE1)
-        guarded = sorted({m for op in policy.categories for m in ops.mutating_overloads(op)})
-        _C.register_ops(guarded, _C.ENGINE_PRIVATEUSE1)  # pass-through: in-place/out= uncast
-        rows = []
-        for name, slot in zip(names, slots):
-            cat = per_overload[name]
-            reason = _banned_reason(policy, name) if cat == "banned" else ""
-            target = ops.append_dtype_target(name) if cat == "fp32_append_dtype" else ""
-            rows.append((slot, _CATEGORY_CODE[cat], reason, target))
+        rows = _rows(policy, per_overload, sorted(names), _C.ENGINE_PRIVATEUSE1)
         table = _pu1_compiled[policy] = _C.compile_policy(policy.name, rows)
         return table
 

@@ -14,13 +14,9 @@ from tests.support import argument_forms as af
 
 
 def _same(outs, refs, unrepeatable):
-    if len(outs) != len(refs):
-        return f"{len(outs)} outputs, expected {len(refs)}"
-    for o, r in zip(outs, refs):
-        if o.dtype != r.dtype:
-            return f"dtype {o.dtype}, expected {r.dtype}"
-        if o.shape != r.shape:
-            return f"shape {tuple(o.shape)}, expected {tuple(r.shape)}"
+    problem = af.structure_problem(outs, refs)
+    if problem:
+        return problem
     programs = []
     for ts in (outs, refs):  # XLA checks some arguments only when it lowers
         try:

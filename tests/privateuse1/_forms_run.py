@@ -35,14 +35,11 @@ on_device = [(n, af.to_device(a, standin_tpu.to_device), af.to_device(k, standin
 
 
 def same(outs, refs, unrepeatable):
-    if len(outs) != len(refs):
-        return f"{len(outs)} outputs, expected {len(refs)}"
+    problem = af.structure_problem(outs, refs)
+    if problem:
+        return problem
     for o, r in zip(outs, refs):
-        if o.dtype != r.dtype:
-            return f"dtype {o.dtype}, expected {r.dtype}"
         o, r = o.cpu(), r.cpu()
-        if o.shape != r.shape:
-            return f"shape {tuple(o.shape)}, expected {tuple(r.shape)}"
         if unrepeatable and o.is_floating_point():
             if not torch.allclose(o, r, rtol=1e-5, atol=1e-6, equal_nan=True):
                 return "values differ beyond float32 rounding"

@@ -307,6 +307,19 @@ def _outputs(result) -> list:
     return []
 
 
+def structure_problem(outs, refs) -> str | None:
+    """What differs in count, dtype or shape between the outputs and the
+    expected ones (each engine's `same` then compares the values its way)."""
+    if len(outs) != len(refs):
+        return f"{len(outs)} outputs, expected {len(refs)}"
+    for o, r in zip(outs, refs):
+        if o.dtype != r.dtype:
+            return f"dtype {o.dtype}, expected {r.dtype}"
+        if o.shape != r.shape:
+            return f"shape {tuple(o.shape)}, expected {tuple(r.shape)}"
+    return None
+
+
 def _attempt(fn):
     torch.random.default_generator.manual_seed(0)  # (torch.manual_seed: 0.6 ms of CUDA/XPU stacks)
     try:

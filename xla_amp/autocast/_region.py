@@ -168,13 +168,7 @@ class autocast(torch.amp.autocast):
         """The `PrecisionReport` of this region's latest entry (``record=True``):
         every decision the engine made inside it, per innermost module. Call it
         after the region (or inside, for what ran so far); no device work."""
-        if not self._record:
-            raise RuntimeError("autocast.report(): this region was built without "
-                               "record=True; use xla_amp.autocast(device, record=True)")
-        if self._recorder is None:
-            raise RuntimeError("autocast.report(): the region has not been entered yet")
-        return PrecisionReport.from_engine(self._recorder.rows(), self.policy.name,
-                                           self.fast_dtype if self._enabled else None)
+        return PrecisionReport.of_region(self)
 
     # torch.amp.autocast's __enter__/__exit__ make eight calls into torch and
     # read their saved state back from the instance; here one native call

@@ -60,6 +60,18 @@ class PrecisionReport:
                           "dtype": d, "count": n} for m, op, c, ins, d, n in rows],
                    policy=policy, dtype=str(dtype).removeprefix("torch.") if dtype else None)
 
+    @classmethod
+    def of_region(cls, region) -> "PrecisionReport":
+        """`region.report()` of either engine's autocast: its latest entry's
+        rows (RuntimeError in one line before record=True or the first entry)."""
+        if not region._record:
+            raise RuntimeError("autocast.report(): this region was built without "
+                               "record=True; use xla_amp.autocast(device, record=True)")
+        if region._recorder is None:
+            raise RuntimeError("autocast.report(): the region has not been entered yet")
+        return cls.from_engine(region._recorder.rows(), region.policy.name,
+                               region.fast_dtype if region._enabled else None)
+
     def table(self) -> str:
         """Markdown: one line per row, in the order first seen."""
         from xla_amp.numerics._inspect import markdown  # at call: numerics imports this module

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import weakref
 
@@ -177,7 +178,6 @@ def at_import() -> None:
     (torch 2.9-2.15 register no fallback for the key, and a Python one
     cannot be registered on an Autocast key (PyTorch asserts), so where
     nothing is taken torch's own error is what plain torch.autocast gives.)"""
-    import sys
     name = backend_name()
     if not _engines.available("privateuse1") or name == "jax":
         return
@@ -240,7 +240,6 @@ def _take_over(name: str) -> None:
         log.warning("xla_amp: %d AutocastPrivateUse1 kernels of another library "
                     "(TorchTPU's compiled table) replaced by xla_amp's: its policies "
                     "decide those ops on '%s' (docs/torchtpu.md)", len(theirs), name)
-    import sys
     if name != "privateuseone" or "torch_tpu" in sys.modules:
         _amp_ops.register()
         _devices.add(name)

@@ -158,14 +158,7 @@ class autocast(torch.amp.autocast):
 
     def report(self):
         """The PrecisionReport of this region's latest entry (record=True)."""
-        PrecisionReport = _recording()[1]
-        if not self._record:
-            raise RuntimeError("autocast.report(): this region was built without "
-                               "record=True; use xla_amp.autocast(device, record=True)")
-        if self._recorder is None:
-            raise RuntimeError("autocast.report(): the region has not been entered yet")
-        return PrecisionReport.from_engine(self._recorder.rows(), self.policy.name,
-                                           self.fast_dtype if self._enabled else None)
+        return _recording()[1].of_region(self)
 
 
 def _recording():
