@@ -155,25 +155,36 @@ def _copy(model):
     return copy.deepcopy(model)
 
 
-def eager_bf16_deviation(cpu_model, x, y, loss) -> float:
-    """|loss(bf16 autocast) - loss(fp32)| / loss(fp32) of PyTorch's own CPU
-    autocast on the same weights and batch, eager on the CPU: how far bf16
-    autocast moves this model's loss by itself (a deep net at random init
-    moves by several percent)."""
-    model = _copy(cpu_model).train()
+def eager_reference(cpu_model, x, y, loss, steps: int, lr: float) -> dict:
+    """PyTorch alone, eager on the CPU, from the same weights and batch:
+    ``losses``, the float32 run's `steps` losses (torch.optim.SGD with the
+    sweep's momentum: what syncfree.SGD and GradScaler compute when no step
+    overflows), and ``deviation``, |loss(bf16 autocast) - loss(fp32)| /
+    loss(fp32) of the first forward: how far bf16 autocast moves this model's
+    loss by itself (a deep net at random init moves by several percent)."""
     with torch.no_grad():
+        model = _copy(cpu_model).train()
         fp32 = loss(model, x, y).item()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             low = loss(model, x, y).item()
-    return abs(low - fp32) / abs(fp32)
+    model = _copy(cpu_model).train()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        value = loss(model, x, y)
+        value.backward()
+        opt.step()
+        losses.append(value.item())
+    return {"deviation": abs(low - fp32) / abs(fp32), "losses": losses}
 
 
 def check(name: str, variants: list[str], steps: int, batch: int, image: int, lr: float,
           init_scale: float):
     dev = torch_xla.device()
     cpu_model, x, y = build(name, batch, image)
-    print(json.dumps({"model": name, "variant": "eager_cpu_bf16",
-                      "deviation": eager_bf16_deviation(cpu_model, x, y, loss_fn(name))}),
+    print(json.dumps({"model": name, "variant": "eager_cpu",
+                      **eager_reference(cpu_model, x, y, loss_fn(name), steps, lr)}),
           flush=True)
     for variant in variants:
         row = {"model": name, "variant": variant}

@@ -1,7 +1,7 @@
 """One real model, lazy against compiled (forward + loss through
 torch.compile(backend="openxla"), backward after it), under no autocast and
-the tpu and cpu rules; run as a script, one process per model (XLA:CPU's
-code memory does not take many large compilations in one process):
+the tpu and cpu rules; run as a script, or by the test worker's served
+process (tests/support/served.py), one per XLA_FLAGS setting:
 
     PYTHONPATH=benchmarks python tests/zoo/_compiled_models_run.py resnet18 tpu   # one JSON line
     PYTHONPATH=benchmarks python tests/zoo/_compiled_models_run.py resnet18 cuda rules
@@ -85,6 +85,11 @@ def compare(name, policy, rules=False):
     }
 
 
+def main(argv):
+    """argv: model, policy ("none": no autocast)[, "rules"]; prints one JSON line."""
+    print(json.dumps(compare(argv[0], None if argv[1] == "none" else argv[1],
+                             rules=argv[2:] == ["rules"])), flush=True)
+
+
 if __name__ == "__main__":
-    print(json.dumps(compare(sys.argv[1], None if sys.argv[2] == "none" else sys.argv[2],
-                             rules=sys.argv[3:] == ["rules"])))
+    main(sys.argv[1:])

@@ -1,0 +1,44 @@
+"""The server side of tests/support/served.py: imports the module named on
+the command line once, then for each line on stdin (a JSON list of argv
+strings) runs its ``main(argv)``; what main prints goes to stdout, followed
+by one line: served.END + {"rc": 0} or {"rc": 1, "error": "..."} (the
+traceback goes to stderr). Ends when stdin closes.
+
+    python -m tests.support._serve_main zoo    # with benchmarks/ on PYTHONPATH
+
+The imports are frozen out of the garbage collector's scans (gc.freeze):
+the lazy trace of a model's step allocates many small objects, and the
+collector's passes over the imported modules' objects cost several percent
+of a zoo sweep."""
+from __future__ import annotations
+
+import gc
+import importlib
+import json
+import sys
+import traceback
+
+from tests.support.served import END
+
+
+def serve(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    gc.collect()
+    gc.freeze()
+    for line in sys.stdin:
+        argv = json.loads(line)
+        try:
+            module.main(argv)
+            status = {"rc": 0}
+        except BaseException as e:  # SystemExit included: the call's, not the server's
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            traceback.print_exc()
+            status = {"rc": 1, "error": f"{type(e).__name__}: {e}"[:2000]}
+        gc.collect()
+        sys.stderr.flush()
+        print(END + json.dumps(status), flush=True)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
