@@ -13,7 +13,9 @@ tests/zoo/test_zoo_hf.py (`make zoo`), with these checks.
 The reference is PyTorch alone, eager on the CPU, from the same weights and
 batch with the same optimizer (the "eager_cpu" row): its float32 losses
 agreed with the float32 run on XLA:CPU within 2e-6 on the first step for
-every model without dropout (#53, docs/benchmarks.md), and it costs no
+every model that draws no random numbers (MobileNetV3's dropout: 7e-4;
+EfficientNet-B0's dropout and stochastic depth, XLA's generator not the
+CPU's: 9.4 %, inside its tolerance of 47 %), and it costs no
 compilation -- the XLA float32 run was a quarter of a sweep's compiles.
 The first step's loss is compared with it within 1 %, or within 3x the
 deviation PyTorch's own eager bf16 autocast shows on the same model and
