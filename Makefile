@@ -152,7 +152,8 @@ integrations: build dev
 # Sharded mixed precision (xla_amp.sharded, tests/sharded): FSDPv2 runs of a
 # GPT-2 and a ResNet on 2 and 4 virtual XLA:CPU devices (1-D and 2-D meshes),
 # each in its own process against the one-device run, and sharded
-# checkpoints restored in a fresh process.
+# checkpoints restored in a fresh process; a one-GPU user's SPMD mode
+# against plain mode (XLA:CPU stand-in).
 sharded: build dev
 	$(PYTEST) $(XDIST) -m sharded --durations=10 tests
 
@@ -180,7 +181,8 @@ fp8: build dev
 
 # The launchers' longest end-to-end runs (tests/launchers, marker
 # `launchers`): a resumed run equals an uninterrupted one, float16 under the
-# cuda rules, --fp8 (make test runs the rest of tests/launchers).
+# cuda rules, --fp8, --compile, an ImageFolder run (make test runs the rest
+# of tests/launchers).
 launchers: build dev
 	$(PYTEST) $(XDIST) -m launchers --durations=10 tests
 

@@ -22,15 +22,6 @@ JAX_CACHE = os.path.join(ROOT, "build", "compile-cache", "jax")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", JAX_CACHE)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
-# XLA compiles in the test processes (and in the subprocesses that do not
-# set their own flags) at backend optimisation level 1: the same HLO graphs,
-# passes and dtypes, LLVM's code generation cheaper (the compiled op cases
-# of the cpu rules: 23.0 -> 19.6 s). Level 0 was cheaper still (15.1 s) but
-# not bit-stable between a lazy and a compiled graph: the cuda rules'
-# compiled upsample_bicubic2d differed from eager in the last bits (#53).
-# A run that sets XLA_FLAGS keeps its own.
-os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=1")
-
 # Results several tests read, made once per run (tests/support/runs.py): the
 # controller (or a run without xdist) makes the folder; workers inherit it.
 if "PYTEST_XDIST_WORKER" not in os.environ and "XLA_AMP_TEST_RUN_DIR" not in os.environ:
