@@ -160,14 +160,14 @@ def eager_reference(cpu_model, x, y, loss, steps: int, lr: float) -> dict:
     ``losses``, the float32 run's `steps` losses (torch.optim.SGD with the
     sweep's momentum: what syncfree.SGD and GradScaler compute when no step
     overflows), and ``deviation``, |loss(bf16 autocast) - loss(fp32)| /
-    loss(fp32) of the first forward: how far bf16 autocast moves this model's
-    loss by itself (a deep net at random init moves by several percent)."""
-    with torch.no_grad():
-        model = _copy(cpu_model).train()
-        fp32 = loss(model, x, y).item()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            low = loss(model, x, y).item()
+    loss(fp32) of the first step's forward: how far bf16 autocast moves this
+    model's loss by itself (a deep net at random init moves by several
+    percent). The bf16 forward runs first, without gradients, on the weights
+    the first step starts from; in train mode it only moves the running
+    statistics, which no training-mode loss reads."""
     model = _copy(cpu_model).train()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        low = loss(model, x, y).item()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     losses = []
     for _ in range(steps):
@@ -176,6 +176,7 @@ def eager_reference(cpu_model, x, y, loss, steps: int, lr: float) -> dict:
         value.backward()
         opt.step()
         losses.append(value.item())
+    fp32 = losses[0]
     return {"deviation": abs(low - fp32) / abs(fp32), "losses": losses}
 
 

@@ -12,13 +12,11 @@ keeps its imports and Dynamo's machinery between calls."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
-from tests.support.launch import ROOT  # noqa: E402
-from tests.support.served import served  # noqa: E402
-BENCHMARKS = os.path.join(ROOT, "benchmarks")  # zoo.py's model builders
+from tests.support.served import served
+from tests.zoo.test_zoo import served_env  # benchmarks/ (zoo.py's model builders) importable
 # The MNIST CNN with BatchNorm, torchvision's ResNet-18 on 32x32 images, a
 # transformer encoder layer (attention, LayerNorm) over 16 tokens.
 MODELS = ["mnist_cnn", "resnet18", "transformer_layer"]
@@ -35,9 +33,7 @@ XLA_FLAGS = {"mnist_cnn": FAST_COMPILE, "resnet18": FAST_COMPILE,
 
 
 def _compare(model, policy, *rules):
-    env = dict(os.environ, PJRT_DEVICE="CPU", XLA_FLAGS=XLA_FLAGS[model], PYTHONPATH=BENCHMARKS,
-               XLA_COMPILATION_CACHE_SIZE="16")
-    env.pop("CPU_NUM_DEVICES", None)
+    env = served_env(XLA_FLAGS=XLA_FLAGS[model])
     out = served("tests.zoo._compiled_models_run", env).call([model, policy, *rules],
                                                              timeout=1200)
     r = json.loads(out.splitlines()[-1])

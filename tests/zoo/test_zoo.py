@@ -39,7 +39,7 @@ import sys
 
 import pytest
 
-from tests.support.launch import FAST_COMPILE, ROOT
+from tests.support.launch import ROOT, launch_env
 from tests.support.served import served
 
 BENCHMARKS = os.path.join(ROOT, "benchmarks")
@@ -49,12 +49,11 @@ FULL = ["resnet18", "resnet50", "mobilenet_v3_small", "efficientnet_b0", "convne
 LARGE = ["densenet121"]
 
 
-def _env() -> dict:
-    env = dict(os.environ, PJRT_DEVICE="CPU", XLA_FLAGS=FAST_COMPILE, PYTHONPATH=BENCHMARKS,
-               XLA_COMPILATION_CACHE_SIZE="16")  # a served process's executables: a few
-    env.pop("CPU_NUM_DEVICES", None)
-    env.pop("XLA_USE_BF16", None)
-    return env
+def served_env(**env_vars) -> dict:
+    """The launchers' environment (FAST_COMPILE unless `env_vars` say
+    otherwise) with benchmarks/ importable and a few executables cached: a
+    served process compiles many models one after another."""
+    return launch_env(PYTHONPATH=BENCHMARKS, XLA_COMPILATION_CACHE_SIZE="16", **env_vars)
 
 
 def sweep(model, variants, *extra, timeout=1500, own_process=False):
@@ -65,12 +64,12 @@ def sweep(model, variants, *extra, timeout=1500, own_process=False):
     argv = ["--check", "--models", model, "--policies", ",".join(variants), *map(str, extra)]
     if own_process:
         proc = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "zoo.py"), *argv],
-                              capture_output=True, text=True, env=_env(), timeout=timeout,
+                              capture_output=True, text=True, env=served_env(), timeout=timeout,
                               cwd=ROOT)
         assert proc.returncode == 0, proc.stderr[-3000:]
         out = proc.stdout
     else:
-        out = served("zoo", _env()).call(argv, timeout=timeout)
+        out = served("zoo", served_env()).call(argv, timeout=timeout)
     rows = {r["variant"]: r for r in map(json.loads, out.splitlines())}
     assert list(rows) == ["eager_cpu", *variants], out
     return rows
