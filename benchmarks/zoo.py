@@ -39,6 +39,7 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import torch_xla  # noqa: E402
+import torch_xla.core.xla_model as xm  # noqa: E402
 
 import xla_amp  # noqa: E402
 
@@ -181,14 +182,18 @@ def eager_reference(cpu_model, x, y, loss, steps: int, lr: float) -> dict:
 
 
 def check(name: str, variants: list[str], steps: int, batch: int, image: int, lr: float,
-          init_scale: float):
+          init_scale: float, seed: int = 0):
     dev = torch_xla.device()
-    cpu_model, x, y = build(name, batch, image)
+    cpu_model, x, y = build(name, batch, image, seed)
     print(json.dumps({"model": name, "variant": "eager_cpu",
                       **eager_reference(cpu_model, x, y, loss_fn(name), steps, lr)}),
           flush=True)
     for variant in variants:
         row = {"model": name, "variant": variant}
+        # every variant draws the same dropout masks, whatever ran before in
+        # this process (a served process runs many sweeps): torch.manual_seed
+        # does not reset XLA's generator
+        xm.set_rng_state(seed, dev)
         try:
             trainer = Trainer(variant, cpu_model, x, y, loss_fn(name), dev, lr, init_scale)
             torch_xla.sync()
