@@ -13,7 +13,8 @@ through ``torch.compile(backend="openxla")``, the backward, scaler and
 optimizer lazily after it (the step docs/compiled.md recommends).
 
 ``--check`` (what tests/zoo/test_zoo.py runs): every variant starts from the same
-weights and batch and trains ``--steps`` steps; one JSON line per variant
+weights, batch and XLA generator state (the same dropout masks) and trains
+``--steps`` steps; one JSON line per variant
 with the losses, graph executions and device-to-host transfers per step
 (the losses are read after the last step, so the steps themselves must show
 0 transfers), and whether the step's graph compiled at all.

@@ -3,7 +3,6 @@
 PJRT_DEVICE must be set before torch_xla's runtime starts, so it is set here,
 before any test module imports torch_xla.
 """
-import gc
 import os
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
@@ -16,6 +15,7 @@ os.environ.pop("XLA_USE_BF16", None)  # would override per-op precision
 # the compile options, so a stale entry cannot be loaded for another program.
 # torch_xla 2.9's own persistent cache is written but never loaded on XLA:CPU
 # (pinned in tests/suite/test_compile_cache.py), so it stays off.
+from tests.support import quiet_gc  # noqa: E402
 from tests.support.launch import ROOT  # noqa: E402  (the checkout; os, re, sys only)
 
 JAX_CACHE = os.path.join(ROOT, "build", "compile-cache", "jax")
@@ -83,14 +83,9 @@ def pytest_ignore_collect(collection_path, config):
 
 
 def pytest_collection_finish(session):
-    """The imports and the collected tests stay out of the garbage
-    collector's scans from here on (they live for the whole run), and a
-    young-generation pass runs every 20,000 allocations instead of 700:
-    lazy traces allocate many short-lived objects, and the default scans
-    cost several percent of a run."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(20_000, 10, 10)
+    """The imports and the collected tests live for the whole run: out of
+    the garbage collector's scans from here on (tests/support/quiet_gc.py)."""
+    quiet_gc.settle()
 
 
 def pytest_collection_modifyitems(config, items):

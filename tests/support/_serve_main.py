@@ -6,10 +6,10 @@ traceback goes to stderr). Ends when stdin closes.
 
     python -m tests.support._serve_main zoo    # with benchmarks/ on PYTHONPATH
 
-The imports are frozen out of the garbage collector's scans (gc.freeze):
-the lazy trace of a model's step allocates many small objects, and the
-collector's passes over the imported modules' objects cost several percent
-of a zoo sweep."""
+The imports are frozen out of the garbage collector's scans and young
+passes come less often (tests/support/quiet_gc.py): the lazy trace of a
+model's step and Dynamo allocate many small objects, and the collector's
+passes cost several percent of a zoo sweep."""
 from __future__ import annotations
 
 import gc
@@ -18,13 +18,13 @@ import json
 import sys
 import traceback
 
+from tests.support import quiet_gc
 from tests.support.served import END
 
 
 def serve(module_name: str) -> None:
     module = importlib.import_module(module_name)
-    gc.collect()
-    gc.freeze()
+    quiet_gc.settle()
     for line in sys.stdin:
         argv = json.loads(line)
         try:
