@@ -189,8 +189,9 @@ launchers: build dev
 # Whole models (tests/zoo): torchvision's under every policy, Transformers
 # (GPT-2, Llama, Mistral, BERT, T5) and timm (ViT, EfficientNet-B0, ConvNeXt,
 # ResNet-D) lazily under every policy and each compiled under one of them,
-# and real models compiled against lazy bit for bit. One test file per worker (loadscope): a model's variants share one
-# process's compilations and its fp32 run.
+# and real models compiled against lazy bit for bit. One test file per worker
+# (loadscope): a model's variants share one process's compilations and its
+# fp32 run.
 zoo: build dev
 	$(PYTEST) -n $(TEST_WORKERS) --dist loadscope -m zoo --durations=0 tests/zoo
 
