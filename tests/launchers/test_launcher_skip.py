@@ -18,7 +18,10 @@ from xla_amp.checkpoint import _integrity
 
 pytestmark = pytest.mark.launchers
 
-FP8 = ["--fp8", "--policy", "cuda"]
+# Two steps per epoch and two evaluation batches of 32 (--num_steps): float16
+# convolutions are slow on XLA:CPU, and the 360-image evaluation of every run
+# was half of this test's time (#53).
+FP8 = ["--fp8", "--policy", "cuda", "--num_steps", 2, "--eval_batch_size", 32]
 
 
 def _flat(state: dict) -> dict:
