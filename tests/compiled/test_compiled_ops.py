@@ -50,6 +50,13 @@ COMPILED_WRONG = {  # (policy, key) -> the compiled control
     **{(p, "aten::multilabel_margin_loss_forward"): _DECOMPOSED for p in COMPILED_POLICIES},
     ("cuda", "aten::multilabel_margin_loss"): lambda x, t: _DECOMPOSED(x, t)[0],
 }
+# Compiled float32 differs from eager in the last bits without autocast or a
+# region, at the suite's XLA flags (backend optimisation off, tests/conftest.py;
+# at XLA's default the two are equal): upsample_bicubic2d, 2.4e-7 at 4 of its
+# 72 outputs, because the compiled graph lowers PyTorch's decomposition of the
+# op and the lazy one torch_xla's own. The region is held to the same op
+# compiled on hand-cast inputs bit for bit, and to eager within 1e-6.
+STACK_ULPS = {"aten::upsample_bicubic2d"}
 CHUNK = 40
 
 
@@ -102,12 +109,18 @@ def test_compiled_op_matches_eager(device, policy, entry, category, key):
     assert [t.dtype for t in compiled] == [t.dtype for t in eager]
     if key in RANDOM:
         return  # random draws: dtype only (as in the eager conformance tests)
+    if key in STACK_ULPS:
+        case, floats, extra = build_for(category, key, device)
+        floats = manual_cast(category, floats, LOW)
+        torch._dynamo.reset()
+        assert_bitwise(compiled, tensors(torch.compile(case.call, backend="openxla")(
+            *floats, *extra)), key)
     if (policy, key) in COMPILED_WRONG:
         case, floats, extra = build_for(category, key, device)
         floats = manual_cast(category, floats, LOW)
         control = COMPILED_WRONG[policy, key]
         eager = tensors(torch.compile(control, backend="openxla")(*floats, *extra))
-    if key in FUSION_ULPS or (policy, key) in COMPILED_WRONG:
+    if key in FUSION_ULPS | STACK_ULPS or (policy, key) in COMPILED_WRONG:
         assert [t.dtype for t in compiled] == [t.dtype for t in eager]
         for c, e in zip(compiled, eager):
             torch.testing.assert_close(c.cpu(), e.cpu(), rtol=0, atol=1e-6)
