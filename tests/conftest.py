@@ -19,10 +19,11 @@ from tests.support import quiet_gc  # noqa: E402
 from tests.support.launch import BACKEND_O0, ROOT  # noqa: E402  (os, re, sys only)
 
 # XLA:CPU compiles the tests' graphs with backend optimisation off
-# (BACKEND_O0, tests/support/launch.py): the same HLO, a third of LLVM's time.
-# The fusion emitters stay: with the elemental ones, float32 -> float8 rounds
-# differently from the float64 reference (tests/fp8/test_fp8.py). Only where
-# torch_xla is installed: the current profile's jax is left as it is.
+# (BACKEND_O0, tests/support/launch.py): the same HLO, a third of LLVM's time
+# (make test 9:44 -> 6:29, docs/benchmarks.md "#53, the tests' XLA backend").
+# The fusion emitters stay: with the elemental ones float32 -> float8 rounds
+# otherwise than the float64 reference (tests/fp8/test_fp8.py). Where torch_xla
+# is installed only: the current profile gained nothing (78 s -> 86 s).
 import importlib.util  # noqa: E402
 if importlib.util.find_spec("torch_xla") is not None:
     os.environ.setdefault("XLA_FLAGS", BACKEND_O0)
