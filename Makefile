@@ -129,7 +129,8 @@ wheel: $(STAMP)
 # below `make test` is a marker (tests/conftest.py marks the folders that are
 # wholly one target: tests/zoo, tests/torchax). Budgets are wall-clock on the
 # slower 2-core host seen (no AVX-512); .ci/run prints each target's time
-# beside its budget. --durations prints the slowest tests.
+# beside its budget. --durations prints the slowest tests. In-process graphs
+# compile at XLA's backend optimisation 0 (tests/conftest.py, #53).
 TEST_WORKERS ?= 2
 PYTEST   := $(PY) -m pytest -q
 XDIST    := -n $(TEST_WORKERS) --dist loadgroup
