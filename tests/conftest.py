@@ -23,7 +23,9 @@ from tests.support.launch import BACKEND_O0, ROOT  # noqa: E402  (os, re, sys on
 # (make test 9:44 -> 6:29, docs/benchmarks.md "#53, the tests' XLA backend").
 # The fusion emitters stay: with the elemental ones float32 -> float8 rounds
 # otherwise than the float64 reference (tests/fp8/test_fp8.py). Where torch_xla
-# is installed only: the current profile gained nothing (78 s -> 86 s).
+# is installed only: the current profile gained nothing (78 s -> 86 s). Asked
+# of find_spec, not of xla_amp._engines below: importing xla_amp imports
+# torch_xla, and the flags are set before that.
 import importlib.util  # noqa: E402
 if importlib.util.find_spec("torch_xla") is not None:
     os.environ.setdefault("XLA_FLAGS", BACKEND_O0)

@@ -103,6 +103,15 @@ def _results(policy):
     return out
 
 
+def _compiled_on_hand_cast(category, key, device, control=None):
+    """`control` (the case's own op by default) compiled without a region on
+    the case's inputs cast by hand as `category` says."""
+    case, floats, extra = build_for(category, key, device)
+    torch._dynamo.reset()
+    return tensors(torch.compile(control or case.call, backend="openxla")(
+        *manual_cast(category, floats, LOW), *extra))
+
+
 @pytest.mark.parametrize("policy,entry,category,key", PARAMS)
 def test_compiled_op_matches_eager(device, policy, entry, category, key):
     eager, compiled = _results(policy)[key]
@@ -110,16 +119,9 @@ def test_compiled_op_matches_eager(device, policy, entry, category, key):
     if key in RANDOM:
         return  # random draws: dtype only (as in the eager conformance tests)
     if key in STACK_ULPS:
-        case, floats, extra = build_for(category, key, device)
-        floats = manual_cast(category, floats, LOW)
-        torch._dynamo.reset()
-        assert_bitwise(compiled, tensors(torch.compile(case.call, backend="openxla")(
-            *floats, *extra)), key)
+        assert_bitwise(compiled, _compiled_on_hand_cast(category, key, device), key)
     if (policy, key) in COMPILED_WRONG:
-        case, floats, extra = build_for(category, key, device)
-        floats = manual_cast(category, floats, LOW)
-        control = COMPILED_WRONG[policy, key]
-        eager = tensors(torch.compile(control, backend="openxla")(*floats, *extra))
+        eager = _compiled_on_hand_cast(category, key, device, COMPILED_WRONG[policy, key])
     if key in FUSION_ULPS | STACK_ULPS or (policy, key) in COMPILED_WRONG:
         assert [t.dtype for t in compiled] == [t.dtype for t in eager]
         for c, e in zip(compiled, eager):
