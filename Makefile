@@ -190,11 +190,11 @@ launchers: build dev
 # Whole models (tests/zoo): torchvision's under every policy, Transformers
 # (GPT-2, Llama, Mistral, BERT, T5) and timm (ViT, EfficientNet-B0, ConvNeXt,
 # ResNet-D) lazily under every policy and each compiled under one of them,
-# and real models compiled against lazy bit for bit. One test file per worker
-# (loadscope): a model's variants share one process's compilations and its
-# fp32 run.
+# and real models compiled against lazy bit for bit. A model's variants share
+# one served process's compilations and its fp32 run; the sweeps go out one
+# by one to whichever worker is free (tests/conftest.py, SuiteUnits).
 zoo: build dev
-	$(PYTEST) -n $(TEST_WORKERS) --dist loadscope -m zoo --durations=0 tests/zoo
+	$(PYTEST) $(XDIST) -m zoo --durations=0 tests/zoo
 
 # DenseNet-121 alone, one process per variant: 25 minutes on 2 cores, peak ~10 GB
 # (the four variants in one process grew past 23 GB; not in CI).

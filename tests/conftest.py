@@ -200,6 +200,31 @@ def subprocess_group(file_name: str, test_name: str) -> str | None:
     return None
 
 
+# The zoo (`make zoo`, tests/zoo) goes out test by test instead: each sweep
+# is its own unit, so that both workers stay busy to the end (with a file a
+# unit, the larger file bound the wall). The tests that share one process's work
+# form one unit: the two that read one ShuffleNetV2 sweep (test_zoo's
+# lru_cache), and the MobileNetV3 sweep after the test that compiles its tpu
+# graph (tests/suite/test_suite_scheduling.py checks that these names are
+# tests). The compiled-model file stays one unit: its processes are served per
+# XLA_FLAGS setting, one set per worker.
+ZOO_PER_TEST = {"test_zoo.py", "test_zoo_hf.py"}
+ZOO_SHARED = {
+    "test_model_trains_under_every_policy[shufflenet_v2_x0_5]": "zoo-float16",
+    "test_cuda_rules_default_float16": "zoo-float16",
+    "test_a_sweep_draws_the_same_random_numbers_whatever_ran_before": "zoo-mobilenet",
+    "test_model_trains_under_every_policy[mobilenet_v3_small]": "zoo-mobilenet",
+}
+
+
+def zoo_unit(file_name: str, test_name: str) -> str | None:
+    """A zoo test's unit (its file's name and its own), or None: not a
+    test the zoo schedules one by one."""
+    if file_name not in ZOO_PER_TEST:
+        return None
+    return ZOO_SHARED.get(test_name, f"{file_name}::{test_name}")
+
+
 @pytest.hookimpl(optionalhook=True)  # (runs without xdist too: -p no:xdist)
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadgroup":
@@ -207,13 +232,24 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class SuiteUnits(LoadScopeScheduling):
-        """A unit is a subprocess group or one test file; its tests run in
-        order on one worker. The groups go out first, then the files with
-        the most tests."""
+        """A unit is a subprocess group, one test file, or one zoo test (or
+        the zoo tests sharing a run); its tests run in order on one worker.
+        The groups go out first, then the units with the most tests."""
 
         def _split_scope(self, nodeid: str) -> str:
             path, _, name = nodeid.partition("::")
-            return subprocess_group(os.path.basename(path), name) or path
+            file_name = os.path.basename(path)
+            return subprocess_group(file_name, name) or zoo_unit(file_name, name) or path
+
+        def _reschedule(self, node):
+            """A worker gets its next unit when one test of its units is
+            left (xdist's own heuristic: three), so that no worker holds
+            units the other, idle, could run. (One left, not none: a worker
+            runs a test only once it knows the next.)"""
+            if (not node.shutting_down and self.workqueue
+                    and self._pending_of(self.assigned_work[node]) > 1):
+                return
+            super()._reschedule(node)
 
         def schedule(self):
             if self.collection is not None or not self._check_nodes_have_same_collection():

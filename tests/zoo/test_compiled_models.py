@@ -40,6 +40,7 @@ def _compare(model, policy, *rules):
     assert r["loss_dtypes"] == ["torch.float32", "torch.float32"]
     assert r["loss_compiled"] == r["loss"], r
     assert r["grads_equal"] == r["grads"], r
+    assert r["lazy_backward_graphs"] == 1, r  # every gradient from one graph, as compiled
 
 
 @pytest.mark.parametrize("policy", ["tpu", "cpu"])

@@ -80,7 +80,7 @@ def test_every_model_compiled_once_and_every_policy_on_two_models():
 
 
 @pytest.mark.zoo
-@pytest.mark.parametrize("model", HF + TIMM)
+@pytest.mark.parametrize("model", TIMM + HF)  # the longer sweeps first (tests/conftest.py)
 def test_zoo_hf_model_trains_under_every_policy_lazy_and_compiled(model):
     lazy = _lazy_variants(model)
     compiled = [COMPILED[model] + "+compiled"]
