@@ -243,7 +243,7 @@ def pytest_xdist_make_scheduler(config, log):
 
         def _reschedule(self, node):
             """A worker gets its next unit when one test of its units is
-            left (xdist's own heuristic: three), so that no worker holds
+            left (xdist's own heuristic: two), so that no worker holds
             units the other, idle, could run. (One left, not none: a worker
             runs a test only once it knows the next.)"""
             if (not node.shutting_down and self.workqueue

@@ -129,7 +129,7 @@ def _check(model, timeout=1500, one_process_each=False):
 
 # The model that also trains under the cuda rules' default, float16.
 # ShuffleNetV2, not ResNet-18: XLA:CPU runs float16 convolutions and dots
-# in Eigen's emulated half, some 150-300x slower than bfloat16 or float32
+# in Eigen's emulated half, about 150x slower than bfloat16 or float32
 # (a [8,64,32,32] 3x3 convolution: 970 ms against 6 ms; a 512^3 matmul:
 # 470 ms against 3 ms). ResNet-18's float16 step took 15 s against 2 s in
 # bfloat16, a minute of `make zoo`; ShuffleNetV2's takes 0.9 s. On XLA:GPU
