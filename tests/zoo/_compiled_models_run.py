@@ -28,6 +28,7 @@ import torch_xla  # noqa: E402
 
 import xla_amp  # noqa: E402
 
+from tests.support import count  # noqa: E402
 from tests.support.models import mnist_cnn  # noqa: E402
 
 
@@ -67,22 +68,15 @@ def loss_and_grads(name, policy, compiled, cut=False, rules=False):
     loss = loss_fn(x, y)
     if cut:  # the forward as a graph of its own, as a compiled forward is
         torch_xla.sync()
-    runs = _executions()
+    runs = count("ExecuteTime")
     loss.backward()
     # the backward as one graph (as the compiled backward is), not a graph
     # per gradient: fetched one by one, each `.cpu()` would compile and run
     # the backward up to that gradient (ResNet-18: 57 compilations, 9 s)
     torch_xla.sync()
     grads = [p.grad.cpu() for p in model.parameters()]
-    return loss.detach().cpu(), grads, _executions() - runs
+    return loss.detach().cpu(), grads, count("ExecuteTime") - runs
 
-
-def _executions() -> int:
-    """XLA graph executions so far in this process."""
-    import torch_xla.core.xla_model as xm
-    import torch_xla.debug.metrics as met
-    xm.wait_device_ops()
-    return (met.metric_data("ExecuteTime") or (0,))[0]
 
 
 def compare(name, policy, rules=False):
