@@ -216,7 +216,7 @@ bench: build dev
 	$(PY) benchmarks/integrations.py
 	$(PY) benchmarks/sharded.py
 	$(PY) benchmarks/checkpoint_write.py
-	$(PY) benchmarks/torchax.py
+	$(PY) benchmarks/torchax_lm.py
 	$(PY) benchmarks/fp8.py
 
 clean:

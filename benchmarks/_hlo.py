@@ -1,4 +1,4 @@
-"""Two compiled JAX steps' HLO side by side (benchmarks/torchax.py):
+"""Two compiled JAX steps' HLO side by side (benchmarks/torchax_lm.py):
 instructions by opcode, and where each convert and select comes from.
 
     ops(text)            optimized HLO text -> Counter opcode -> count, every

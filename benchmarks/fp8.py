@@ -30,8 +30,8 @@ import sys
 import time
 
 if __name__ == "__main__" and "--gpu" in sys.argv[1:]:
-    # run from the checkout's root as a module: this folder on sys.path would
-    # shadow the torchax package with benchmarks/torchax.py
+    # run from the checkout's root as a module (on a lent GPU the checkout is
+    # not installed): benchmarks.fp8_gpu imports its siblings as benchmarks.*
     os.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     os.execv(sys.executable, [sys.executable, "-m", "benchmarks.fp8_gpu",
                               *[a for a in sys.argv[1:] if a != "--gpu"]])

@@ -161,13 +161,25 @@ class Run:
         return loss
 
     def snapshot(self) -> list[torch.Tensor]:
-        """CPU copies of every parameter and optimizer state tensor."""
-        out = [p.detach().cpu().clone() for p in self.model.parameters()]
+        """CPU copies of every parameter and optimizer state tensor.
+
+        On a mesh, torch_xla 2.9 fetches a sharded tensor by compiling and
+        running a graph that replicates it, one per tensor and per fetch
+        (116 graphs for the LM, ~0.8 s a snapshot). Here one graph makes
+        replicated copies of them all (``t * 1``: exact, and a new value the
+        replicated annotation can go on), and the fetches compile nothing."""
+        tensors = [p.detach() for p in self.model.parameters()]
         for p in self.model.parameters():
-            for v in self.opt.state.get(p, {}).values():
-                if isinstance(v, torch.Tensor):
-                    out.append(v.detach().cpu().clone())
-        return out
+            tensors += [v.detach() for v in self.opt.state.get(p, {}).values()
+                        if isinstance(v, torch.Tensor)]
+        if self.mesh is not None:
+            import torch_xla
+            copies = [t * 1 for t in tensors]
+            for c in copies:
+                self._xs.mark_sharding(c, self.mesh, (None,) * c.dim())
+            torch_xla.sync()
+            tensors = copies
+        return [t.cpu().clone() for t in tensors]
 
 
 def configure_devices(mesh_kind: str, n: int) -> None:

@@ -1,7 +1,7 @@
 """Shared by tests/torchax/test_current_torch*.py, which run in both profiles
 (torch 2.9 + torch_xla, and torch 2.15 without it): torch, jax, torchax and
 xla_amp.torchax only, imported in that order so that xla_amp.torchax's shim
-(_compat.py) imports torchax (tests/support/torchax.py imports torchax
+(_compat.py) imports torchax (tests/support/torchax_env.py imports torchax
 first, which fails on torch 2.15)."""
 from __future__ import annotations
 

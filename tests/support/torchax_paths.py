@@ -23,7 +23,7 @@ import re
 import torch
 import torch.nn.functional as F
 
-from tests.support.torchax import ENV
+from tests.support.torchax_env import ENV
 from xla_amp.policies import _ops as ops
 from xla_amp.torchax import _paths, _rules
 
@@ -93,9 +93,9 @@ NO_SAMPLE = {
     "Tensor.__rlshift__": "integer shifts: no floating arithmetic for a policy",
     "Tensor.__rrshift__": "integer shifts: no floating arithmetic for a policy",
     "fractional_max_pool2d_with_indices": "torchax 0.0.13 has no lowering "
-                                          "(tests.support.torchax.TORCHAX_CANNOT_RUN)",
+                                          "(tests.support.torchax_env.TORCHAX_CANNOT_RUN)",
     "fractional_max_pool3d_with_indices": "torchax 0.0.13 has no lowering "
-                                          "(tests.support.torchax.TORCHAX_CANNOT_RUN)",
+                                          "(tests.support.torchax_env.TORCHAX_CANNOT_RUN)",
     "lobpcg": "an iterative eigensolver with host-side convergence checks: no jitted trace",
 }
 

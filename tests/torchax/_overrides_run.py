@@ -10,7 +10,7 @@ engine, out = sys.argv[1], sys.argv[2]
 torch.set_grad_enabled(False)
 if engine == "torchax":
     from tests.support import torchax_current  # noqa: F401  (the shim first: torch 2.15)
-    from tests.support.torchax import ENV, to_jax
+    from tests.support.torchax_env import ENV, to_jax
     import xla_amp.torchax as xt
     from tests.support import override_sweep
     rows = override_sweep.sample()  # on the CPU, outside the environment

@@ -16,7 +16,7 @@ from xla_amp import _engines
 
 from tests.support import launch, override_sweep, runs
 from tests.support import torchax_current  # noqa: F401  (xla_amp.torchax's shim first: torch 2.15)
-from tests.support.torchax import TORCHAX_CANNOT_RUN
+from tests.support.torchax_env import TORCHAX_CANNOT_RUN
 
 pytestmark = [pytest.mark.torchax, pytest.mark.core]
 
@@ -62,7 +62,7 @@ def test_every_engine_gives_the_dtype_the_override_asks_for():
             want = override_sweep.expected(entry, target, key)
             for e, t in tables.items():
                 if e == "torchax" and (key in TORCHAX_CANNOT_RUN or entry in TORCHAX_CANNOT_RUN):
-                    continue  # pinned: torchax 0.0.13 has no lowering (tests/support/torchax.py)
+                    continue  # pinned: torchax 0.0.13 has no lowering (tests/support/torchax_env.py)
                 if e == "standin" and entry in STANDIN_CANNOT_RUN:
                     if not t[k].startswith("raises"):
                         bad.append(f"{k} on the stand-in: {t[k]} (pinned as failing: unpin it)")

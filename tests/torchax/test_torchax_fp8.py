@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import tests.support.torchax as helpers_torchax  # noqa: F401  (JAX on CPU)
+import tests.support.torchax_env as helpers_torchax  # noqa: F401  (JAX on CPU)
 from tests.support.fp8 import Block, dequantized, dots, fp8_dot
 
 import xla_amp
@@ -102,7 +102,7 @@ def test_a_skipped_step_leaves_the_history():
 
 def test_delayed_scaling_without_probes_is_refused():
     """A hand-written jitted step cannot carry the history: refused by name."""
-    from tests.support.torchax import ENV
+    from tests.support.torchax_env import ENV
     torch.manual_seed(0)
     model = fp8.convert(nn.Sequential(nn.Linear(32, 64)), fp8.Fp8Recipe(scaling="delayed"))
     with ENV:

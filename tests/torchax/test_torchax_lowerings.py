@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 import torchax
 
-from tests.support.torchax import ENV
+from tests.support.torchax_env import ENV
 
 import xla_amp.torchax as xt
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import tests.support.torchax as helpers_torchax  # noqa: F401  (JAX on CPU)
+import tests.support.torchax_env as helpers_torchax  # noqa: F401  (JAX on CPU)
 
 import xla_amp.torchax as xt
 from xla_amp import policies

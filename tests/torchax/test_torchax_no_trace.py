@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tests.support.torchax import ENV  # noqa: F401  (torchax's environment, made once)
+from tests.support.torchax_env import ENV  # noqa: F401  (torchax's environment, made once)
 
 import xla_amp.torchax as xt
 from xla_amp import fp8
@@ -145,7 +145,7 @@ def test_upstream_torchax_drops_batch_norm_statistics():
     training-mode batch norm leaves its running statistics as they were.
     When this fails, torchax writes them back itself: then drop
     xla_amp/torchax/_batch_norm.py, which would update them twice."""
-    from tests.support.torchax import ENV
+    from tests.support.torchax_env import ENV
     bn = nn.BatchNorm1d(4)
     with ENV:
         bn = bn.to("jax")

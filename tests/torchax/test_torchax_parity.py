@@ -6,7 +6,7 @@ policies, the output dtypes under ``xla_amp.torchax.autocast`` equal those
 under ``xla_amp.autocast`` on XLA:CPU for the same inputs (integers as JAX
 types them). An overload a policy does not list runs twice, from
 low-precision and from float32 inputs (SDPA on float32 inputs under "tpu").
-What torchax itself cannot run is pinned in tests.support.torchax."""
+What torchax itself cannot run is pinned in tests.support.torchax_env."""
 from __future__ import annotations
 
 import pytest
@@ -14,7 +14,7 @@ import torch
 
 import tests.support.conformance as hc
 from tests.support.overload_cases import NAMED, OVERLOAD_CASES, UNREACHABLE, named
-from tests.support.torchax import (DIRECT_COMPOSITE_CALLS, ENV, JAX_DTYPE, KNOWN_DIFFERENCES,
+from tests.support.torchax_env import (DIRECT_COMPOSITE_CALLS, ENV, JAX_DTYPE, KNOWN_DIFFERENCES,
                                    TORCHAX_CANNOT_RUN, to_jax)
 
 import xla_amp

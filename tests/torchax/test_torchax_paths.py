@@ -29,7 +29,7 @@ import torchax
 from torch.utils import _pytree as pytree
 
 from tests.support import torchax_paths as tp
-from tests.support.torchax import ENV, TORCHAX_CANNOT_RUN
+from tests.support.torchax_env import ENV, TORCHAX_CANNOT_RUN
 from tests.torchax.test_torchax_parity import CASES, SWEEP
 
 import xla_amp.torchax as xt

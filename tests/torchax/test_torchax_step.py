@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tests.support.torchax import ENV
+from tests.support.torchax_env import ENV
 
 import xla_amp.torchax as xt
 from xla_amp import policies

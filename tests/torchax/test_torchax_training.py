@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import tests.support.torchax as helpers_torchax  # noqa: F401  (JAX on CPU)
+import tests.support.torchax_env as helpers_torchax  # noqa: F401  (JAX on CPU)
 
 import xla_amp
 import xla_amp.torchax as xt

@@ -1,7 +1,7 @@
 """A GPT-2-shaped LM's training step three ways (issue #36): xla_amp on
 torch_xla, xla_amp on torchax and plain JAX, side by side in one run.
 
-    PJRT_DEVICE=CPU .venv/bin/python benchmarks/torchax.py [--gpt2] [--rounds 20]
+    PJRT_DEVICE=CPU .venv/bin/python benchmarks/torchax_lm.py [--gpt2] [--rounds 20]
 
 The model, written once below as an nn.Module (GPT-2's: wte + wpe, pre-LN
 blocks with causal F.scaled_dot_product_attention and a tanh-GELU MLP, ln_f,
@@ -33,18 +33,13 @@ traces and compiles after warm-up and run under jax.transfer_guard(
 "disallow"): one jit call, one execution. The HLO of both JAX steps is
 counted by opcode, converts and selects by source (_hlo.py); --hlo-dir
 writes both programs' lowered and optimized text there.
-Run as a script, this file's folder would lead sys.path and shadow the
-torchax package: the file re-runs itself once with ``python -P``.
+(This file was benchmarks/torchax.py: run as a script, any file of this
+folder put that name ahead of the torchax package on sys.path;
+tests/suite/test_module_names.py keeps such names out.)
 """
 from __future__ import annotations
 
-import os
-import sys
-
-if __name__ == "__main__" and not sys.flags.safe_path:  # see the docstring's end
-    os.execv(sys.executable, [sys.executable, "-P", os.path.abspath(__file__), *sys.argv[1:]])
-
-import argparse, collections, copy, json, math, statistics, subprocess, time  # noqa: E401,E402
+import argparse, collections, copy, json, math, os, statistics, subprocess, time  # noqa: E401
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 if os.environ["PJRT_DEVICE"] == "CPU":
