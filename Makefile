@@ -162,10 +162,11 @@ sharded: build dev
 # killed with SIGKILL (once frozen inside a write) and SIGTERM at seeded
 # moments, a full and a read-only tmpfs in a private mount namespace
 # (RLIMIT_FSIZE where there is none), two runs on one path, crafted pickles,
-# and every cell of the precision matrix on resume. One worker: the process
-# tests time their signals against a run that needs the cores.
+# and every cell of the precision matrix on resume. Two workers: the signals
+# go at seeded moments of the run's own CPU time, which another process on
+# the cores does not move (tests/support/faults.py, Running.wait_cpu).
 faults: build dev
-	$(PYTEST) -m faults --durations=10 tests
+	$(PYTEST) $(XDIST) -m faults --durations=10 tests
 
 # xla_amp on torchax (PyTorch on JAX, tests/torchax): policy parity with the
 # torch_xla engine over the op tables, HLO dtypes, jitted training of a

@@ -5,7 +5,6 @@ path. Each resumed run must end bit-identical to an uninterrupted one."""
 import os
 import random
 import signal
-import time
 
 import pytest
 import torch
@@ -21,6 +20,11 @@ pytestmark = pytest.mark.faults
 ARGS = ["--batch_size", 32, "--num_epochs", 2, "--eval_batch_size", 120, "--log_steps", 4,
         "--max_steps", 60]
 STATE = ("model", "optimizer", "scaler", "position")
+# The seeded moments, in CPU seconds of the run after its "devices" line (the
+# training loop's own clock, Running.wait_cpu: the same under load, so make
+# faults runs two workers). The uninterrupted run uses ~18 CPU s (11.6 s of
+# wall) from there; these span about a quarter to three quarters of it.
+MOMENTS = (4.5, 13.0)
 
 
 def load(path):
@@ -87,7 +91,7 @@ def test_kill9_at_seeded_moments_and_inside_a_write(tmp_path, reference):
     for _ in range(2):
         run = Running(start("train_mnist_amp.py", *argv))
         assert run.wait_for("devices")
-        time.sleep(rng.uniform(4.0, 9.0))
+        run.wait_cpu(rng.uniform(*MOMENTS))  # (a resumed run may end first)
         run.p.kill()
         run.finish()
         load(path)                        # whatever the moment, the file loads
@@ -110,7 +114,7 @@ def test_sigterm_saves_the_step_in_flight_and_resumes_exactly(tmp_path, referenc
     argv = [*ARGS, "--checkpoint", path, "--auto_resume"]
     run = Running(start("train_mnist_amp.py", *argv))
     assert run.wait_for("devices")
-    time.sleep(random.Random(seed).uniform(3.0, 8.0))
+    assert run.wait_cpu(random.Random(seed).uniform(*MOMENTS)), "".join(run.err)[-3000:]
     run.p.send_signal(signal.SIGTERM)
     rc, out, err = run.finish()
     assert rc == 75, err[-3000:]

@@ -44,6 +44,27 @@ class Running:
             time.sleep(0.05)
         raise TimeoutError(f"no {text!r} in {timeout} s:\n{''.join(self.out)}{''.join(self.err)}")
 
+    def cpu_seconds(self) -> float:
+        """The process's CPU time so far, all its threads (user + system)."""
+        fields = open(f"/proc/{self.p.pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def wait_cpu(self, seconds: float, timeout: float = 300) -> bool:
+        """True once the process has used `seconds` more CPU time than when
+        called; False if it ended first. A moment on the run's own clock:
+        another process on the cores slows its wall clock, not this one, so
+        a seeded moment lands at the same point of the run under load."""
+        try:
+            goal = self.cpu_seconds() + seconds
+            end = time.monotonic() + timeout
+            while time.monotonic() < end:
+                if self.p.poll() is not None or self.cpu_seconds() >= goal:
+                    return self.p.poll() is None
+                time.sleep(0.02)
+        except FileNotFoundError:  # (ended between poll and read)
+            return False
+        raise TimeoutError(f"{seconds} s of CPU time not used in {timeout} s")
+
     def finish(self, timeout: float = 400):
         rc = self.p.wait(timeout=timeout)
         for t in self._threads:
