@@ -46,7 +46,8 @@ class Running:
 
     def cpu_seconds(self) -> float:
         """The process's CPU time so far, all its threads (user + system)."""
-        fields = open(f"/proc/{self.p.pid}/stat").read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{self.p.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def wait_cpu(self, seconds: float, timeout: float = 300) -> bool:
