@@ -78,7 +78,6 @@ def loss_and_grads(name, policy, compiled, cut=False, rules=False):
     return loss.detach().cpu(), grads, count("ExecuteTime") - runs
 
 
-
 def compare(name, policy, rules=False):
     """Compiled against lazy with the forward as a graph of its own: that is
     the graph cut a compiled forward makes, and where bf16 values are rounded
