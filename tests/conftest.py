@@ -207,9 +207,11 @@ def subprocess_group(file_name: str, test_name: str) -> str | None:
 # lru_cache), and the MobileNetV3 sweep after the test that compiles its tpu
 # graph (tests/suite/test_suite_scheduling.py checks that these names are
 # tests). The compiled-model file stays one unit: its processes are served per
-# XLA_FLAGS setting, one set per worker.
-ZOO_PER_TEST = {"test_zoo.py", "test_zoo_hf.py"}
-ZOO_SHARED = {
+# XLA_FLAGS setting, one set per worker. `make fp8` spreads its skipped-step
+# file the same way, around the LM's one long test: as one unit, its 14
+# independent whole-model runs (~110 s) bound the target's wall.
+PER_TEST = {"test_zoo.py", "test_zoo_hf.py", "test_fp8_no_trace.py"}
+SHARED = {
     "test_model_trains_under_every_policy[shufflenet_v2_x0_5]": "zoo-float16",
     "test_cuda_rules_default_float16": "zoo-float16",
     "test_a_sweep_draws_the_same_random_numbers_whatever_ran_before": "zoo-mobilenet",
@@ -217,12 +219,12 @@ ZOO_SHARED = {
 }
 
 
-def zoo_unit(file_name: str, test_name: str) -> str | None:
-    """A zoo test's unit (its file's name and its own), or None: not a
-    test the zoo schedules one by one."""
-    if file_name not in ZOO_PER_TEST:
+def single_test_unit(file_name: str, test_name: str) -> str | None:
+    """A test's own unit (its file's name and its own), or that of the
+    tests it shares a run with, or None: not a test scheduled one by one."""
+    if file_name not in PER_TEST:
         return None
-    return ZOO_SHARED.get(test_name, f"{file_name}::{test_name}")
+    return SHARED.get(test_name, f"{file_name}::{test_name}")
 
 
 @pytest.hookimpl(optionalhook=True)  # (runs without xdist too: -p no:xdist)
@@ -232,19 +234,21 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class SuiteUnits(LoadScopeScheduling):
-        """A unit is a subprocess group, one test file, or one zoo test (or
-        the zoo tests sharing a run); its tests run in order on one worker.
+        """A unit is a subprocess group, one test file, or one test of
+        PER_TEST's files (or the tests sharing a run); its tests run in
+        order on one worker.
         The groups go out first, then the units with the most tests."""
 
         def _split_scope(self, nodeid: str) -> str:
             path, _, name = nodeid.partition("::")
             file_name = os.path.basename(path)
-            return subprocess_group(file_name, name) or zoo_unit(file_name, name) or path
+            return (subprocess_group(file_name, name) or single_test_unit(file_name, name)
+                    or path)
 
         one_ahead = False  # set by schedule()
 
         def _reschedule(self, node):
-            """Where the units are single tests (the zoo's sweeps), a worker
+            """Where the units are single tests (the zoo's sweeps, make fp8), a worker
             gets its next unit when one test of its own is left, not two
             (xdist's heuristic), so that no worker holds a sweep the other,
             idle, could run. (One left, not none: a worker runs a test only
@@ -260,7 +264,8 @@ def pytest_xdist_make_scheduler(config, log):
             if self.collection is not None or not self._check_nodes_have_same_collection():
                 return super().schedule()  # (later calls hand out the queue)
             self.collection = list(next(iter(self.registered_collections.values())))
-            self.one_ahead = any(zoo_unit(os.path.basename(path), name) for path, _, name in
+            self.one_ahead = any(single_test_unit(os.path.basename(path), name)
+                                 for path, _, name in
                                  (nodeid.partition("::") for nodeid in self.collection))
             units = {}
             for nodeid in self.collection:

@@ -66,17 +66,19 @@ def test_groups():
 
 def test_zoo_units():
     """The zoo goes out test by test, but the tests that share a run stay
-    one unit: every name in ZOO_SHARED is a zoo test, and the float16
+    one unit: every name in SHARED is a zoo test, and the float16
     model's two tests (one lru_cache'd sweep) are one unit."""
     from tests.zoo import test_zoo, test_zoo_hf
     tests = {n for m in (test_zoo, test_zoo_hf) for n in dir(m) if n.startswith("test_")}
-    for name in conftest.ZOO_SHARED:
+    for name in conftest.SHARED:
         function, _, param = name.partition("[")
         assert function in tests, name
         assert not param or param[:-1] in test_zoo.FULL, name
     model = f"test_model_trains_under_every_policy[{test_zoo.FLOAT16_MODEL}]"
-    assert conftest.zoo_unit("test_zoo.py", model) == \
-        conftest.zoo_unit("test_zoo.py", "test_cuda_rules_default_float16")
-    assert conftest.zoo_unit("test_zoo.py", "test_model_trains_under_every_policy[resnet50]") \
+    assert conftest.single_test_unit("test_zoo.py", model) == \
+        conftest.single_test_unit("test_zoo.py", "test_cuda_rules_default_float16")
+    assert conftest.single_test_unit("test_zoo.py", "test_model_trains_under_every_policy[resnet50]") \
         == "test_zoo.py::test_model_trains_under_every_policy[resnet50]"
-    assert conftest.zoo_unit("test_compiled_models.py", "test_x") is None  # its file is one
+    assert conftest.single_test_unit("test_compiled_models.py", "test_x") is None  # its file is one
+    assert conftest.single_test_unit("test_fp8_no_trace.py", "test_a[x]") == \
+        "test_fp8_no_trace.py::test_a[x]"  # make fp8's 14 runs, spread

@@ -25,6 +25,18 @@ def assert_same(a, b, where="state"):
         assert a == b, f"{where}: {a!r} != {b!r}"
 
 
+def host_copy(obj):
+    """`obj` (tensors in nested dicts, lists, tuples) with every tensor
+    replaced by a host copy of it: a state_dict kept across later steps."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().clone()
+    if isinstance(obj, dict):
+        return {k: host_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(host_copy(v) for v in obj)
+    return obj
+
+
 def clear_metrics():
     """Reset torch_xla's metrics once earlier executions have landed
     (executions are counted when they finish)."""

@@ -47,6 +47,15 @@ def full(shape, value, dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
     return torch.full(shape, value, dtype=dtype, device=like.device)
 
 
+def put(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A copy of ``value`` of its own on ``like``'s device: a host value
+    uploaded where :func:`uploads` (a loaded state entry: device data, never
+    a constant or a buffer shared with an equal value), else ``.to``."""
+    if uploads(like) and value.device.type == "cpu":
+        return _upload(value, like.device)
+    return value.to(like.device, copy=True)
+
+
 def zeros_like(p: torch.Tensor) -> torch.Tensor:
     """Zeros of ``p``'s shape and dtype on ``p``'s device."""
     return full(p.shape, 0, p.dtype, p)

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from xla_amp._param_walk import where as _where
-from xla_amp.syncfree import _low_precision
+from xla_amp.syncfree import _fresh, _low_precision
 
 
 class _Written(dict):
@@ -184,5 +184,6 @@ def converted(keeps: dict, p: torch.Tensor, saved: dict) -> dict:
         v = v.detach() if isinstance(v, torch.Tensor) else torch.tensor(v)
         if t.dim() == 0:
             v = v.reshape(())
-        out[key] = v.to(device="cpu" if key == "step" else p.device, dtype=t.dtype, copy=True)
+        v = v.to(dtype=t.dtype)
+        out[key] = v.to("cpu", copy=True) if key == "step" else _fresh.put(v, p)
     return out

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from xla_amp._upload import materialize
 from xla_amp.syncfree import _low_precision, _sharding, _state_check
 
 
@@ -55,6 +56,8 @@ class TorchOptimStateDict:
         convert between the low-precision options)."""
         name = f"{type(self).__name__}.load_state_dict"
         merged, kept = _state_check.check(self, state_dict, name)
+        held = {p: {**self._reserved.get(p, {}), **self.state.get(p, {})}
+                for group in self.param_groups for p in group["params"]}
         # torch.optim loads the groups; the state comes from the checked
         # entries, each tensor copied once, in the dtype this optimizer keeps
         super().load_state_dict({**state_dict, "state": {}})
@@ -70,6 +73,8 @@ class TorchOptimStateDict:
         for p, st in list(self.state.items()):
             self._import_state(p, st)
         del self._loaded_lineages
+        saved = {p: state_dict["state"][idx] for idx, (p, _) in kept.items()}
+        _into_held(held, saved, self.state)
 
     def _loaded_lineage(self, value) -> int:
         """The lineage of a counter loaded with ``value`` (equal values, one
@@ -95,3 +100,35 @@ class TorchOptimStateDict:
 
     def _import_state(self, p: torch.Tensor, state: dict[str, Any]) -> None:
         pass
+
+
+def _into_held(held: dict, saved: dict, state: dict) -> None:
+    """Put each loaded value that came from the host (an upload of its own)
+    into the tensor the optimizer held for that entry before the load (its
+    state, or what it made for a first step), where one of the same shape
+    and dtype exists on an XLA device without a sharding; that tensor then
+    stays the entry and holds the upload's buffer as its own.
+
+    A graph orders its outputs by when their tensors were made: loaded
+    state made anew comes after the model's tensors in another order, and
+    the next step compiles a graph of its own. Kept tensors keep the graph
+    of the steps before the load (tests/syncfree/test_loaded_state_graph.py).
+    A value loaded from a device tensor is left as loaded: held, it would
+    share that tensor's buffer, which the next step donates. A reference
+    to an old state tensor sees the loaded value."""
+    kept = []
+    for p, st in state.items():
+        old, src = held.get(p), saved.get(p, {})
+        if not old:
+            continue
+        for key, v in st.items():
+            o, s = old.get(key), src.get(key)
+            if (isinstance(o, torch.Tensor) and isinstance(v, torch.Tensor) and o is not v
+                    and not (isinstance(s, torch.Tensor) and s.device.type != "cpu")
+                    and o.device == v.device and o.device.type == "xla"
+                    and o.shape == v.shape and o.dtype == v.dtype
+                    and not _sharding.spec(o) and not _sharding.spec(v)):
+                o.copy_(v)  # o's value: v's buffer, made o's own below (no graph runs)
+                st[key] = o
+                kept.append(o)
+    materialize(kept)

@@ -222,7 +222,7 @@ class Adam(SyncFreeOptimizer):
             if not isinstance(step, torch.Tensor):
                 step = torch.tensor(float(step))
             self._lineage[p] = self._loaded_lineage(float(step))
-            state["step"] = step.detach().reshape(()).to(dtype=torch.float32, device=p.device)
+            state["step"] = _fresh.put(step.detach().reshape(()).to(torch.float32), p)
 
 
 Adam.__doc__ += _low_precision.OPTIONS_DOC

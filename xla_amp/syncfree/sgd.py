@@ -161,7 +161,7 @@ class SGD(SyncFreeOptimizer):
             state.pop("momentum_buffer", None)
             state.pop(_READY, None)
         elif _READY not in state:  # a loaded buffer is in use: ready
-            state[_READY] = torch.ones((), dtype=torch.float32, device=p.device)
+            state[_READY] = _fresh.full((), 1.0, torch.float32, p)
             self._lineage[p] = self._loaded_lineage("ready")
 
 
