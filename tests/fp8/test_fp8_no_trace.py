@@ -23,7 +23,7 @@ import torch_xla
 from torch import nn
 
 import xla_amp
-from tests.support import clear_metrics, count
+from tests.support import clear_metrics, count, device_scalar
 from tests.support.fp8 import Block
 from tests.support.no_trace import moved, per_call, training_state
 from xla_amp import fp8, syncfree
@@ -89,7 +89,7 @@ def test_a_skipped_step_leaves_no_trace(device, optimizer, policy, entry):
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randn(4, 8, 32, generator=g).to(device),
                 torch.randn(4, 8, 16, generator=g).to(device)) for _ in range(4)]
-    one, inf = torch.tensor(1.0).to(device), torch.tensor(float("inf")).to(device)
+    one, inf = device_scalar(1.0, device), device_scalar(float("inf"), device)
     for b in batches[:2]:  # warm-up: state made, every graph compiled
         _step(model, opt, scaler, b, one, policy, entry)
     before, scale = training_state(model, opt), scaler.get_scale()

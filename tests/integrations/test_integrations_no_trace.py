@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 import torch_xla
 
-from tests.support import clear_metrics, count
+from tests.support import clear_metrics, count, device_scalar
 from tests.support.integrations import BATCH, MODES, data, loader, net, tpu_probe
 from tests.support.no_trace import moved, training_state
 from tests.support.runs import once_per_run
@@ -51,8 +51,7 @@ LR = 1e-2
 
 def factors(device):
     """The loss factor of each step, as device scalars (one graph for all)."""
-    one = torch.tensor(1.0).to(device)
-    bad = torch.tensor(FACTOR).to(device)
+    one, bad = device_scalar(1.0, device), device_scalar(FACTOR, device)
     return lambda i: bad if i == BAD else one
 
 

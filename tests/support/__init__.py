@@ -37,6 +37,15 @@ def host_copy(obj):
     return obj
 
 
+def device_scalar(value: float, device) -> torch.Tensor:
+    """A 0-dim float32 tensor on `device` that is device data from the
+    start: ``torch.tensor(1.0).to(xla)`` is a constant of the next graph
+    (xla_amp/_upload.py), and a training step that multiplies by it a graph
+    of its own, compiled once more."""
+    from xla_amp._upload import upload
+    return upload(torch.tensor(float(value)), device)
+
+
 def clear_metrics():
     """Reset torch_xla's metrics once earlier executions have landed
     (executions are counted when they finish)."""
