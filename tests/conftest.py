@@ -30,6 +30,10 @@ import importlib.util  # noqa: E402
 if importlib.util.find_spec("torch_xla") is not None:
     os.environ.setdefault("XLA_FLAGS", BACKEND_O0)
 
+# The launchers' prepared digits (xla_amp_launch/data_cache.py) in the tree,
+# not in the user's home: made by the run's first launcher, read by the rest.
+os.environ.setdefault("XLA_AMP_CACHE", os.path.join(ROOT, "build", "data-cache"))
+
 JAX_CACHE = os.path.join(ROOT, "build", "compile-cache", "jax")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", JAX_CACHE)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")

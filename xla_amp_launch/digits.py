@@ -33,10 +33,12 @@ import dataclasses
 import gzip
 import os
 import struct
+from importlib import metadata
 
 import numpy as np
 import torch
 
+from xla_amp_launch import data_cache
 from xla_amp_launch.data import DataDirError
 
 MNIST_FILES = {
@@ -87,6 +89,19 @@ def random_shift(x: torch.Tensor, generator: torch.Generator, max_shift: int = 2
 
 
 def load_sklearn_digits(test_fraction: float = 0.2, split_seed: int = 0) -> Digits:
+    """The scikit-learn digits, split and framed (see the module docstring).
+    Prepared once per scikit-learn and torch version and kept on disk
+    (xla_amp_launch/data_cache.py): a later run reads the tensors back
+    instead of importing scikit-learn (about a second of every start)."""
+    key = {"sklearn": metadata.version("scikit-learn"), "torch": torch.__version__,
+           "test_fraction": test_fraction, "split_seed": split_seed, "format": 1}
+    t = data_cache.cached("sklearn-digits", key,
+                          lambda: _prepare_sklearn_digits(test_fraction, split_seed))
+    return Digits(t["train_x"], t["train_y"], t["test_x"], t["test_y"],
+                  source="scikit-learn digits (UCI handwritten, 8x8 upsampled to 28x28)")
+
+
+def _prepare_sklearn_digits(test_fraction: float, split_seed: int) -> dict[str, torch.Tensor]:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -100,9 +115,8 @@ def load_sklearn_digits(test_fraction: float = 0.2, split_seed: int = 0) -> Digi
         np.arange(len(labels)), test_size=test_fraction, random_state=split_seed,
         stratify=d.target)
     idx_train, idx_test = torch.from_numpy(idx_train), torch.from_numpy(idx_test)
-    return Digits(images[idx_train].contiguous(), labels[idx_train].contiguous(),
-                  images[idx_test].contiguous(), labels[idx_test].contiguous(),
-                  source="scikit-learn digits (UCI handwritten, 8x8 upsampled to 28x28)")
+    return {"train_x": images[idx_train].contiguous(), "train_y": labels[idx_train].contiguous(),
+            "test_x": images[idx_test].contiguous(), "test_y": labels[idx_test].contiguous()}
 
 
 def _find(datadir: str, stem: str) -> str | None:
