@@ -151,10 +151,15 @@ test: build dev
 	    $$((took / 60)) $$((took % 60)) "$$([ $$took -gt 600 ] && echo '  OVER BUDGET')"; \
 	  exit $$rc
 
+# Each target below collects only where its marker's tests are: its folder
+# (tests/conftest.py, TARGET_FOLDERS) and the files of the layout test's
+# ELSEWHERE that carry the marker (tests/suite/test_layout_of_tests.py checks
+# both sides). Collecting the whole tree cost each worker ~6 s (#53).
+
 # xla_amp inside Lightning (Trainer, Fabric), Accelerate and the Transformers
 # Trainer: the frameworks' own loops on XLA:CPU (tests/integrations).
 integrations: build dev
-	$(PYTEST) $(XDIST) -m integrations --durations=10 tests
+	$(PYTEST) $(XDIST) -m integrations --durations=10 tests/integrations tests/api/test_layout.py
 
 # Sharded mixed precision (xla_amp.sharded, tests/sharded): FSDPv2 runs of a
 # GPT-2 and a ResNet on 2 and 4 virtual XLA:CPU devices (1-D and 2-D meshes),
@@ -162,7 +167,7 @@ integrations: build dev
 # checkpoints restored in a fresh process; a one-GPU user's SPMD mode
 # against plain mode (XLA:CPU stand-in).
 sharded: build dev
-	$(PYTEST) $(XDIST) -m sharded --durations=10 tests
+	$(PYTEST) $(XDIST) -m sharded --durations=10 tests/sharded
 
 # Checkpoints under real faults (tests/checkpoint, marker `faults`): launchers
 # killed with SIGKILL (once frozen inside a write) and SIGTERM at seeded
@@ -172,27 +177,27 @@ sharded: build dev
 # go at seeded moments of the run's own CPU time, which another process on
 # the cores does not move (tests/support/faults.py, Running.wait_cpu).
 faults: build dev
-	$(PYTEST) $(XDIST) -m faults --durations=10 tests
+	$(PYTEST) $(XDIST) -m faults --durations=10 tests/checkpoint
 
 # xla_amp on torchax (PyTorch on JAX, tests/torchax): policy parity with the
 # torch_xla engine over the op tables, HLO dtypes, jitted training of a
 # GPT-2-shaped LM and a ResNet-18, loss-scaling skips on 1 and 4 devices, two
 # processes on one JAX mesh (jax.distributed, gloo), resume, bad input.
 torchax: build dev
-	$(PYTEST) $(XDIST) -m torchax --durations=10 tests
+	$(PYTEST) $(XDIST) -m torchax --durations=10 tests/torchax tests/api/test_layout.py
 
 # xla_amp.fp8 on whole models (tests/fp8, marker `fp8`): a GPT-2-shaped LM
 # trained 200 steps in fp8 against bf16 AMP (make test holds the layer,
 # HLO-form, numerics and digits-MLP tests).
 fp8: build dev
-	$(PYTEST) $(XDIST) -m fp8 --durations=10 tests
+	$(PYTEST) $(XDIST) -m fp8 --durations=10 tests/fp8
 
 # The launchers' longest end-to-end runs (tests/launchers, marker
 # `launchers`): a resumed run equals an uninterrupted one, float16 under the
 # cuda rules, --fp8, --compile, an ImageFolder run (make test runs the rest
 # of tests/launchers).
 launchers: build dev
-	$(PYTEST) $(XDIST) -m launchers --durations=10 tests
+	$(PYTEST) $(XDIST) -m launchers --durations=10 tests/launchers
 
 # Whole models (tests/zoo): torchvision's under every policy, Transformers
 # (GPT-2, Llama, Mistral, BERT, T5) and timm (ViT, EfficientNet-B0, ConvNeXt,

@@ -138,6 +138,28 @@ def test_each_target_is_a_marker_run_by_make_and_excluded_from_make_test():
         assert target in ran, f".ci/run does not run make {target}"
 
 
+def test_each_target_collects_where_its_tests_are():
+    """A target's pytest run names the paths it collects (the whole tree cost
+    each worker ~6 s): every test carrying its marker lies under one of them,
+    and each is inside the marker's folder or an ELSEWHERE file."""
+    marks = _every_test_and_its_markers()
+    makefile = open(os.path.join(ROOT, "Makefile")).read()
+    for marker, folder in conftest.TARGET_FOLDERS.items():
+        lines = re.findall(rf"-m {marker}\b(.*)$", makefile, re.M)
+        assert len(lines) == 1, (marker, lines)
+        paths = [w for w in lines[0].split() if w.startswith("tests")]
+        assert paths, (marker, lines[0])
+        for path in paths:
+            assert path == f"tests/{folder}" or path.startswith(f"tests/{folder}/") or \
+                any(e.startswith(path + "::") for e in ELSEWHERE), (marker, path)
+        carrying = [n for n, sets in marks.items() if marker in set().union(*sets)]
+        assert carrying, marker
+        outside = [n for n in carrying
+                   if not any(n == p or n.startswith(p + "/") or n.startswith(p + "::")
+                              for p in paths)]
+        assert not outside, (marker, outside[:5])
+
+
 def test_marked_tests_live_in_their_targets_folder():
     """Read from the sources (seconds; collecting every module in a pytest
     subprocess took 26-54 s)."""
