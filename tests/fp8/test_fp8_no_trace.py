@@ -28,7 +28,7 @@ from tests.support.fp8 import Block
 from tests.support.no_trace import moved, per_call, training_state
 from xla_amp import fp8, syncfree
 
-pytestmark = pytest.mark.fp8  # 14 whole-model runs, ~2.5 min: make fp8
+pytestmark = pytest.mark.fp8  # 14 whole-model runs, one compilation each: make fp8
 
 # id -> (optimizer factory, parameter dtype)
 OPTIMIZERS = {
