@@ -82,3 +82,11 @@ def test_zoo_units():
     assert conftest.single_test_unit("test_compiled_models.py", "test_x") is None  # its file is one
     assert conftest.single_test_unit("test_fp8_no_trace.py", "test_a[x]") == \
         "test_fp8_no_trace.py::test_a[x]"  # make fp8's 14 runs, spread
+
+
+def test_the_files_sent_first_exist():
+    """FIRST names test files by their node-id paths (a renamed file would
+    silently go back to the test-count order)."""
+    for path in conftest.FIRST:
+        assert os.path.isfile(os.path.join(os.path.dirname(conftest.TESTS), path)), path
+    assert len(set(conftest.FIRST)) == len(conftest.FIRST)
