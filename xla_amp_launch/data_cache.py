@@ -6,8 +6,8 @@ not redo (or import what redoes) the preparation.
         if path reads back (weights_only) as a dict of tensors whose
            "_key" entry is key:          return it
         data = make()                    # a dict of tensors
-        write {**data, "_key": key} to a temporary file beside path,
-        then rename it onto path         # readers see all or nothing
+        write {**data, "_key": key} atomically   # xla_amp.checkpoint.write_atomic:
+                                                 # readers see all or nothing
         return data
 
 The folder is ``$XLA_AMP_CACHE``, else ``$XDG_CACHE_HOME/xla_amp``, else
@@ -23,7 +23,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from typing import Callable
 
 import torch
@@ -70,14 +69,11 @@ def _read(path: str, text: str) -> dict[str, torch.Tensor] | None:
 
 
 def _write(path: str, data: dict) -> None:
-    tmp = None
+    """``data`` at ``path`` through the checkpoints' atomic write (a
+    temporary beside it, fsynced, renamed; the file mode open() would give);
+    imported here, on a miss only: it imports xla_amp."""
+    from xla_amp.checkpoint import CheckpointError, write_atomic
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            torch.save(data, f)
-        os.replace(tmp, path)
-    except OSError as e:
-        log.debug("data cache: cannot write %s (%s); not cached", path, e)
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
+        write_atomic(path, lambda f: torch.save(data, f))
+    except CheckpointError as e:
+        log.debug("data cache: %s; not cached", e)

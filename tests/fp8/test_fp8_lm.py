@@ -16,21 +16,18 @@ for both runs at the default, 66 s at level 0)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-from tests.support.launch import ROOT
+from tests.support.launch import ROOT, launch_env
 
 pytestmark = pytest.mark.fp8
 
 
 def _runs() -> dict:
-    env = {**os.environ, "PJRT_DEVICE": "CPU"}
-    env.pop("XLA_FLAGS", None)  # XLA:CPU's defaults
-    env.pop("CPU_NUM_DEVICES", None)
+    env = launch_env(XLA_FLAGS="")  # XLA:CPU's defaults
     proc = subprocess.run([sys.executable, "-m", "tests.fp8._fp8_lm_run"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
