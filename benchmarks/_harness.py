@@ -223,20 +223,22 @@ def print_result(result: dict) -> None:
 
 
 def run_worker(script: str, argv: Sequence[str], what: str,
-               env: dict | None = None) -> dict:
+               env: dict | None = None, stream_stderr: bool = False) -> dict:
     """Runs ``python script *argv`` (a benchmark in its worker mode; a dotted
     name without ".py" runs as ``python -m name`` from the current folder) in
     a subprocess and returns the result it printed with ``print_result``
     (even if the process then failed on its way out); a worker that printed
-    none ends the benchmark with its output's tail."""
+    none ends the benchmark with its output's tail. `stream_stderr`: the
+    worker's stderr goes straight to ours (progress that outlives a kill)."""
     target = [os.path.abspath(script)] if script.endswith(".py") else ["-m", script]
-    proc = subprocess.run([sys.executable, *target, *argv],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run([sys.executable, *target, *argv], stdout=subprocess.PIPE,
+                          stderr=None if stream_stderr else subprocess.PIPE, text=True,
+                          env=env)
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT):
             return json.loads(line[len(RESULT):])
     raise SystemExit(f"{os.path.basename(script)}: {what} failed (exit {proc.returncode}):\n"
-                     f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+                     f"{proc.stdout[-3000:]}{(proc.stderr or '')[-3000:]}")
 
 
 # ------------------------------------------------------------ paced workers

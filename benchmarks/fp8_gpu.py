@@ -10,7 +10,9 @@ Models (the issue's):
          seq 1024, batch 8) with its MLPs (c_fc, mlp_proj) in fp8
 Variants, from the same weights on the same batches: ``bf16`` (policy tpu)
 and ``fp8`` (the same with xla_amp.fp8.convert, delayed scaling, as
-docs/fp8.md recommends). Engines, where they run: ``torchax``
+docs/fp8.md recommends: fast accumulation in the forward GEMM only);
+``fp8-fast-all`` (fast accumulation in all three GEMMs: the form of the first
+H100 run) and ``fp8-fast-none`` on request (--variants). Engines, where they run: ``torchax``
 (xla_amp.torchax.make_train_step, optax.adamw) always; ``torch_xla``
 (autocast + GradScaler + syncfree.AdamW) where torch_xla is installed: not on
 the lent GPU's image, so there it is reported as not run.
@@ -25,8 +27,12 @@ rounds, the ratio the median of per-round ratios. It reports:
     backend with neither, its dots);
   - the loss of each variant after --steps steps (mean of the last 10) and
     fp8's relative difference from bf16.
+--xla-flags adds to the workers' XLA_FLAGS (both variants alike).
+--probe first compiles one fp8 GEMM of the MLP's shape (runtime scales) with
+XLA's defaults and with Triton GEMMs off, and reports each compile's seconds
+(the first H100 run's fp8 step took 203 s to compile against bf16's 5 s).
 Results: DIR/fp8_gpu.json and DIR/fp8_gpu.md (DIR: --out, else $OUT, else
-build/). On the lent GPU: carry torchax's wheel, ``pip install --no-deps`` it,
+build/); each worker's progress goes to stderr as it happens. On the lent GPU: carry torchax's wheel, ``pip install --no-deps`` it,
 then run with the checkout's root as the current folder. --smoke: tiny
 shapes, a few steps (a check of the script itself on the CPU).
 """
@@ -38,12 +44,14 @@ import json
 import os
 import re
 import statistics
+import sys
 import time
 
 from benchmarks import _harness as H
 
 ENGINES = ("torchax", "torch_xla")
-VARIANTS = ("bf16", "fp8")
+VARIANTS = ("bf16", "fp8", "fp8-fast-all", "fp8-fast-none")
+FAST = {"fp8": "forward", "fp8-fast-all": "all", "fp8-fast-none": "none"}
 FULL = {"mlp": dict(d=4096, hidden=16384, blocks=4, tokens=8192),
         "gpt2": dict(vocab=50257, seq=1024, d=768, heads=12, layers=12, batch=8)}
 SMOKE = {"mlp": dict(d=64, hidden=256, blocks=4, tokens=256),
@@ -109,8 +117,9 @@ class TorchaxVariant:
         import xla_amp.torchax as xt
         from xla_amp import fp8
         net, batches, self.loss_fn = build(model, (SMOKE if args.smoke else FULL)[model])
-        if variant == "fp8":
-            fp8.convert(net, fp8.Fp8Recipe(scaling="delayed", keep=KEEP[model]))
+        if variant in FAST:
+            fp8.convert(net, fp8.Fp8Recipe(scaling="delayed", keep=KEEP[model],
+                                           fast_accumulation=FAST[variant]))
         self.step = xt.make_train_step(net, self.loss_fn, optax.adamw(args.lr), policy="tpu")
         self.batches = [self.step.place_batch(*b) for b in batches]
         self.block = jax.block_until_ready
@@ -147,11 +156,12 @@ class TorchXlaVariant:
         from xla_amp import fp8, syncfree
         self.dev = torch_xla.device()
         net, batches, self.loss_fn = build(model, (SMOKE if args.smoke else FULL)[model])
-        if variant == "fp8":
-            fp8.convert(net, fp8.Fp8Recipe(scaling="delayed", keep=KEEP[model]))
+        if variant in FAST:
+            fp8.convert(net, fp8.Fp8Recipe(scaling="delayed", keep=KEEP[model],
+                                           fast_accumulation=FAST[variant]))
         self.net = net.to(self.dev)
         self.opt = syncfree.AdamW(self.net.parameters(), lr=args.lr)
-        if variant == "fp8":
+        if variant in FAST:
             fp8.attach(self.opt, self.net)
         self.scaler = xla_amp.GradScaler()
         self.batches = [(x.to(self.dev), y.to(self.dev)) for x, y in batches]
@@ -194,19 +204,61 @@ class TorchXlaVariant:
         return torch.stack(self.losses).float().cpu().tolist()
 
 
+def _progress(*parts) -> None:
+    print("[fp8_gpu]", *parts, file=sys.stderr, flush=True)
+
+
 def worker(engine: str, model: str, args) -> dict:
     cls = TorchaxVariant if engine == "torchax" else TorchXlaVariant
-    variants = {v: cls(model, v, args) for v in VARIANTS}
-    out = {v: variants[v].compile() for v in VARIANTS}  # warm-up: every graph built
-    ms = H.timed_rounds({v: (variants[v].run, variants[v].wait) for v in VARIANTS},
+    variants, out = {}, {}
+    for v in args.variants.split(","):  # warm-up: every graph built
+        try:
+            variant = cls(model, v, args)
+            out[v] = variant.compile()
+            variants[v] = variant
+        except Exception as e:  # noqa: BLE001 -- one variant's failure is reported, not fatal
+            out[v] = {"error": f"{type(e).__name__}: {str(e)[:1500]}"}
+        _progress(engine, model, v, json.dumps(out[v]))
+    if "bf16" not in variants:
+        return out
+    names = list(variants)
+    ms = H.timed_rounds({v: (variants[v].run, variants[v].wait) for v in names},
                         args.steps, args.rounds)
-    for v in VARIANTS:
+    for v in names:
         losses = variants[v].loss_values()
         out[v].update(ms_per_step=H.median(ms[v]), steps=len(losses), first_loss=losses[0],
                       final_loss=statistics.fmean(losses[-10:]))
-    out["fp8_speedup"] = H.paired_ratio(ms["bf16"], ms["fp8"])
-    out["loss_rel_diff"] = abs(out["fp8"]["final_loss"] / out["bf16"]["final_loss"] - 1)
+        if v != "bf16":
+            out[v]["speedup"] = H.paired_ratio(ms["bf16"], ms[v])
+            out[v]["loss_rel_diff"] = out[v]["final_loss"] / out["bf16"]["final_loss"] - 1
     out["environment"] = environment()
+    return out
+
+
+def probe(shape=(8192, 4096, 16384)) -> dict:
+    """Compile seconds of one fp8 GEMM in the layers' form (runtime scales),
+    XLA's defaults against Triton GEMMs off, and whether it became cuBLASLt's."""
+    import jax
+    import jax.numpy as jnp
+    m, k, n = shape
+
+    def f(x, w, sx, sw):
+        xq = jnp.clip(x * sx, -448, 448).astype(jnp.float8_e4m3fn)
+        wq = jnp.clip(w * sw, -448, 448).astype(jnp.float8_e4m3fn)
+        y = jax.lax.dot_general(xq, wq, (((1,), (1,)), ((), ())),
+                                preferred_element_type=jnp.float32)
+        return y / (sx * sw)
+    spec = [jax.ShapeDtypeStruct((m, k), jnp.float32), jax.ShapeDtypeStruct((n, k), jnp.float32),
+            jax.ShapeDtypeStruct((), jnp.float32), jax.ShapeDtypeStruct((), jnp.float32)]
+    out = {}
+    for name, options in (("defaults", {}), ("triton_gemm_off",
+                                             {"xla_gpu_enable_triton_gemm": False})):
+        t0 = time.perf_counter()
+        text = jax.jit(f).lower(*spec).compile(compiler_options=options or None).as_text()
+        out[name] = {"compile_s": round(time.perf_counter() - t0, 2),
+                     "cublas": _CUBLAS.findall(text),
+                     "triton_gemms": len(_TRITON_GEMM.findall(text))}
+        _progress("probe", name, json.dumps(out[name]))
     return out
 
 
@@ -222,23 +274,30 @@ def environment() -> dict:
 
 
 def report(results: dict) -> str:
-    lines = ["| engine | model | variant | ms/step | fp8 speed-up | compile s | "
+    lines = ["| engine | model | variant | ms/step | speed-up vs bf16 | compile s | "
              "fp8 dots (lowered) | cuBLASLt fp8 / all GEMMs | loss first -> last | "
-             "fp8 vs bf16 loss |", "|" + "---|" * 10]
+             "loss vs bf16 |", "|" + "---|" * 10]
     for key, res in results.items():
-        engine, model = key.split(":")
-        if "not_run" in res:
-            lines.append(f"| {engine} | {model} | - | not run: {res['not_run']} |" + " |" * 6)
+        if ":" not in key:
             continue
-        for v in VARIANTS:
-            r = res[v]
+        engine, model = key.split(":")
+        if "not_run" in res or "error" in res:
+            why = res.get("not_run") or res.get("error", "")[-200:]
+            lines.append(f"| {engine} | {model} | - | not run: {why} |" + " |" * 6)
+            continue
+        for v, r in res.items():
+            if v in ("environment", "wall_s"):
+                continue
+            if "error" in r:
+                lines.append(f"| {engine} | {model} | {v} | failed: {r['error'][:200]} |" + " |" * 6)
+                continue
+            gemms = "n/a" if r["gemms"] is None else f"{r['cublas_fp8']}/{r['gemms']}"
             lines.append(
                 f"| {engine} | {model} | {v} | {r['ms_per_step']:.2f} | "
-                f"{res['fp8_speedup']:.3f}x | {r['compile_s']:.1f} | "
-                f"{r['lowered_fp8_dots']}/{r['lowered_dots']} | "
-                f"{'n/a' if r['gemms'] is None else str(r['cublas_fp8']) + '/' + str(r['gemms'])}"
-                f" | {r['first_loss']:.4f} -> "
-                f"{r['final_loss']:.4f} | {100 * res['loss_rel_diff']:.2f} % |")
+                f"{r.get('speedup', 1.0):.3f}x | {r['compile_s']:.1f} | "
+                f"{r['lowered_fp8_dots']}/{r['lowered_dots']} | {gemms} | "
+                f"{r['first_loss']:.4f} -> {r['final_loss']:.4f} | "
+                f"{100 * r.get('loss_rel_diff', 0.0):+.2f} % |")
     return "\n".join(lines)
 
 
@@ -250,20 +309,37 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--variants", default="bf16,fp8", help=f"of {', '.join(VARIANTS)}")
+    ap.add_argument("--xla-flags", default="", help="added to the workers' XLA_FLAGS")
+    ap.add_argument("--probe", action="store_true")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--worker", default="", help="ENGINE:MODEL (internal)")
     args = ap.parse_args(argv)
     if args.smoke and args.steps == 100:
         args.steps, args.rounds = 13, 3
+    bad = [v for v in args.variants.split(",") if v not in VARIANTS]
+    if bad or not args.variants.startswith("bf16"):
+        ap.error(f"--variants: bf16 first, then any of {', '.join(VARIANTS[1:])}; got "
+                 f"{args.variants!r}")
+    if args.worker == "probe":
+        H.print_result(probe((256, 64, 256) if args.smoke else (8192, 4096, 16384)))
+        return
     if args.worker:
         H.print_result(worker(*args.worker.split(":"), args))
         return
     os.makedirs(args.out, exist_ok=True)
     results, env = {}, dict(os.environ)
+    if args.xla_flags:
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + args.xla_flags).strip()
     env.setdefault("PJRT_DEVICE", "CUDA" if importlib.util.find_spec("torch_xla") is None
                    else "CPU")
-    common = ["--steps", str(args.steps), "--rounds", str(args.rounds), "--lr", str(args.lr)]
+    common = ["--steps", str(args.steps), "--rounds", str(args.rounds), "--lr", str(args.lr),
+              "--variants", args.variants]
     common += ["--smoke"] if args.smoke else []
+    if args.probe:
+        results["probe"] = H.run_worker("benchmarks.fp8_gpu", ["--worker", "probe", *common],
+                                        "probe", env=env, stream_stderr=True)
+        print("probe", json.dumps(results["probe"]), flush=True)
     for engine in args.engines.split(","):
         for model in args.models.split(","):
             key = f"{engine}:{model}"
@@ -273,7 +349,7 @@ def main(argv=None) -> None:
                 continue
             t0 = time.perf_counter()
             results[key] = H.run_worker("benchmarks.fp8_gpu", ["--worker", key, *common],
-                                        key, env=env)
+                                        key, env=env, stream_stderr=True)
             results[key]["wall_s"] = time.perf_counter() - t0
             print(key, json.dumps(results[key]), flush=True)
     H.write_results(args.out, "fp8_gpu", results, report(results))

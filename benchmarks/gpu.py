@@ -2,6 +2,7 @@
 
     python benchmarks/gpu.py [--out DIR] [--steps 60] [--rounds 5] [--smoke]
                              [--flag-sets "A;B"]       (XLA_FLAGS sets to try)
+                             [--cudnn-sdpa] [--only fp16,bf16,compile-amp]
 
 The LM (benchmarks/_gpt.py: 6 layers x 768, 12 heads, vocab 8192, seq 512,
 batch 16; AdamW 1e-3; one initialisation, the same batches) trained by:
@@ -23,7 +24,11 @@ and last (mean of the last 5), and for torchax the GEMMs of the optimized
 program by operand type (cuBLAS/cuBLASLt calls and Triton GEMM fusions; on a
 backend with neither, its dots). --flag-sets reruns the torchax fp16/bf16
 variants once per XLA_FLAGS set (e.g. autotuning or latency-hiding flags) and
-reports what each gave. Results: DIR/gpu.json and DIR/gpu.md (DIR: --out, else
+reports what each gave. --cudnn-sdpa adds a torchax worker whose
+F.scaled_dot_product_attention is jax.nn.dot_product_attention
+(implementation "cudnn" on a GPU: cuDNN's fused attention, where torchax's
+own lowering is the unfused math; XLA's elsewhere). --only keeps the named
+variants in every worker. Results: DIR/gpu.json and DIR/gpu.md (DIR: --out, else
 $OUT, else build/). --smoke: a tiny LM, a few steps, the native worker on the
 CPU (bf16 autocast): a check of the script itself. Run from the checkout's
 root (``python benchmarks/gpu.py`` re-runs itself as ``-m benchmarks.gpu``:
@@ -162,10 +167,39 @@ def native_runner(name: str, args) -> tuple[Runner, dict]:
     return Runner(run, sync, losses), {"compile_s": time.perf_counter() - t0}
 
 
+def install_fused_sdpa() -> str:
+    """torchax's F.scaled_dot_product_attention as jax.nn.dot_product_attention
+    (cuDNN's fused kernel on a GPU); the implementation's name."""
+    import jax
+    import torch
+    import torch.nn.functional as F
+    import torchax
+    env = torchax.default_env()
+    impl = "cudnn" if jax.default_backend() == "gpu" else None
+
+    def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+             enable_gqa=False):
+        if attn_mask is not None or dropout_p:
+            raise NotImplementedError("the benchmark's fused SDPA: no mask, no dropout")
+        qj, kj, vj = (t.jax().transpose(0, 2, 1, 3) for t in (q, k, v))  # to B T N H
+        out = jax.nn.dot_product_attention(qj, kj, vj, scale=scale, is_causal=is_causal,
+                                           implementation=impl)
+        return env.j2t_iso(out.transpose(0, 2, 1, 3))
+    env.override_op_definition(F.scaled_dot_product_attention, sdpa)
+    env.override_op_definition(torch.ops.aten.scaled_dot_product_attention, sdpa)
+    return impl or "xla"
+
+
+def variants(kind: str, only: str) -> tuple:
+    """The variants worker `kind` runs, those in `only` where it names any."""
+    names = ("fp16", "bf16") if kind.startswith("flags:") or kind == "cudnn-sdpa" else (
+        TORCHAX if kind == "torchax" else NATIVE)
+    return tuple(n for n in names if n in only.split(",")) if only else names
+
+
 def worker(kind: str, args) -> dict:
-    names = TORCHAX if kind == "torchax" else NATIVE
-    if kind.startswith("flags:"):
-        names = ("fp16", "bf16")
+    names = variants(kind, args.only)
+    sdpa = install_fused_sdpa() if kind == "cudnn-sdpa" else None
     make = native_runner if kind == "native" else torchax_runner
     runners, out = {}, {}
     for n in names:
@@ -178,7 +212,7 @@ def worker(kind: str, args) -> dict:
                       last_loss=statistics.fmean(losses[-5:]), steps=len(losses))
     import torch
     out["environment"] = {"torch": torch.__version__, "cuda": torch.cuda.is_available(),
-                          "xla_flags": os.environ.get("XLA_FLAGS", "")}
+                          "xla_flags": os.environ.get("XLA_FLAGS", ""), "sdpa": sdpa}
     if kind != "native":
         import jax
         out["environment"].update(jax=jax.__version__, backend=jax.default_backend())
@@ -190,7 +224,7 @@ def table(results: dict) -> str:
             "|---|---|---|---|---|---|"]
     for kind, res in results.items():
         for name, r in res.items():
-            if name == "environment" or "ms_per_step" not in r:
+            if name in ("environment", "error") or "ms_per_step" not in r:
                 continue
             rows.append(f"| {kind} | {name} | {r['ms_per_step']:.2f} | {r['compile_s']:.1f} | "
                         f"{r['first_loss']:.4f} -> {r['last_loss']:.4f} | "
@@ -204,8 +238,11 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--flag-sets", default="", help="XLA_FLAGS sets, ';'-separated")
+    ap.add_argument("--cudnn-sdpa", action="store_true")
+    ap.add_argument("--only", default="", help="variants to keep, ','-separated")
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--worker", default="", help="torchax | native | flags:N (internal)")
+    ap.add_argument("--worker", default="",
+                    help="torchax | native | flags:N | cudnn-sdpa (internal)")
     args = ap.parse_args(argv)
     if args.smoke and args.steps == 60:
         args.steps, args.rounds = 7, 2
@@ -213,17 +250,21 @@ def main(argv=None) -> None:
         H.print_result(worker(args.worker, args))
         return
     os.makedirs(args.out, exist_ok=True)
-    common = ["--steps", str(args.steps), "--rounds", str(args.rounds)]
+    common = ["--steps", str(args.steps), "--rounds", str(args.rounds), "--only", args.only]
     common += ["--smoke"] if args.smoke else []
     results, t0 = {}, time.perf_counter()
     jobs = [("native", None), ("torchax", None)]
     jobs += [(f"flags:{i}", f) for i, f in enumerate(filter(None, args.flag_sets.split(";")))]
-    for kind, flags in jobs:
+    jobs += [("cudnn-sdpa", None)] if args.cudnn_sdpa else []
+    for kind, flags in [(k, f) for k, f in jobs if variants(k, args.only)]:
         env = dict(os.environ)
         if flags:
             env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + flags).strip()
-        results[kind] = H.run_worker("benchmarks.gpu", ["--worker", kind, *common], kind,
-                                     env=env)
+        try:
+            results[kind] = H.run_worker("benchmarks.gpu", ["--worker", kind, *common], kind,
+                                         env=env, stream_stderr=True)
+        except SystemExit as e:  # one worker's failure: reported, the others still run
+            results[kind] = {"error": str(e)[-2000:]}
         print(kind, json.dumps(results[kind]), flush=True)
     results["wall_s"] = {"total": time.perf_counter() - t0}
     H.write_results(args.out, "gpu", results,

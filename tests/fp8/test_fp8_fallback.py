@@ -77,7 +77,7 @@ def test_eligibility_names_each_reason():
     assert "in=40, out=8" in _dot.eligible(32, 40, 8, ok, "xla")
     assert "e5m2 x e5m2" in _dot.eligible(32, 64, 16, ((E5M2, E5M2),), "xla")
     # a backend that cannot dot a pair (what xla_amp.torchax probes per JAX backend)
-    _dot.register_dot("meta", lambda a, b, ca, cb: None, lambda da, db: da != E5M2)
+    _dot.register_dot("meta", lambda a, b, ca, cb, fast: None, lambda da, db: da != E5M2)
     try:
         why = _dot.eligible(32, 64, 16, ok, "meta")
         assert why == "the meta backend cannot dot float8_e5m2 x float8_e4m3fn", why

@@ -18,59 +18,17 @@ import warnings
 
 import pytest
 import torch
-import torch.utils._pytree as pytree
 
 import xla_amp
-from tests.support import torchax_paths as paths
+from tests.support import op_samples as S
 from xla_amp.policies import _decompose
 
-# multi-operand calls OpInfo's first samples miss (einsum's is one operand)
-EXTRA = {
-    "einsum-2": (lambda: [torch.randn(4, 5), torch.randn(5, 6)],
-                 lambda a, b: torch.einsum("ij,jk->ik", a, b)),
-    "einsum-1": (lambda: [torch.randn(4, 4)], lambda a: torch.einsum("ii->i", a)),
-    "tensordot": (lambda: [torch.randn(3, 4, 5), torch.randn(4, 5, 6)],
-                  lambda a, b: torch.tensordot(a, b, dims=2)),
-    "affine_grid": (lambda: [torch.randn(2, 2, 3)],
-                    lambda t: torch.nn.functional.affine_grid(t, [2, 1, 4, 4],
-                                                              align_corners=False)),
-}
-
-
-def _floats(out) -> list[str]:
-    return [str(t.dtype) for t in pytree.tree_leaves(out)
-            if isinstance(t, torch.Tensor) and t.is_floating_point()]
+EXTRA = S.EXTRA
+_run = S.run
 
 
 def _cases():
-    seen = {}
-    for fns in torch.overrides.get_overridable_functions().values():
-        for func in fns:
-            name = paths.qualname(func)
-            if name in seen or name in paths.HAND:
-                continue
-            info = paths._opinfos().get(func)
-            if info is None:
-                continue
-            for s in paths.samples(info):
-                leaves = [s.input, *s.args, *s.kwargs.values()]
-                if all(not (isinstance(t, torch.Tensor) and t.is_complex()) for t in leaves):
-                    seen[name] = (lambda s=s: ((s.input, *s.args), s.kwargs), info.op)
-                    break
-    for name, (make, call) in EXTRA.items():
-        seen[name] = (lambda make=make: (tuple(make()), {}), call)
-    return seen
-
-
-def _run(call, args, kwargs, device, region):
-    move = lambda t: t.to(device) if isinstance(t, torch.Tensor) else t  # noqa: E731
-    torch.manual_seed(0)
-    with region:
-        try:
-            return _floats(call(*pytree.tree_map(move, list(args)),
-                                **pytree.tree_map(move, dict(kwargs))))
-        except Exception as e:  # noqa: BLE001 -- compared, not hidden
-            return [f"error: {type(e).__name__}"]
+    return S.composite_cases()
 
 
 @functools.lru_cache(maxsize=1)

@@ -102,6 +102,16 @@ def fp8_dot(entry) -> bool:
     return lhs.startswith("f8") and rhs.startswith("f8") and result in WIDE
 
 
+def precisions(hlo: str) -> dict[str, str]:
+    """dot name -> its operand_precision ("" where the dot has none: DEFAULT)."""
+    out = {}
+    for name, (_, opcode, _, attrs) in parse(hlo).items():
+        if opcode == "dot":
+            m = re.search(r"operand_precision=\{(\w+)", attrs)
+            out[name] = m.group(1) if m else ""
+    return out
+
+
 def dequantized(entries) -> list:
     """The dots fed a widened float8 value: must be none."""
     return [e for e in entries if e[3]]

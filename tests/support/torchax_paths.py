@@ -21,8 +21,8 @@ import functools
 import re
 
 import torch
-import torch.nn.functional as F
 
+from tests.support import op_samples
 from tests.support.torchax_env import ENV
 from xla_amp.policies import _ops as ops
 from xla_amp.torchax import _paths, _rules
@@ -42,52 +42,7 @@ def python_paths() -> dict:
     return out
 
 
-def _r(*shape):
-    return torch.randn(*shape)
-
-
-def _mha_inputs():
-    """Query, MultiheadAttention(12, 2)'s weights, a causal mask (the issue's model)."""
-    layer = torch.nn.MultiheadAttention(12, 2, batch_first=True)
-    weights = [p.detach().clone() for p in (layer.in_proj_weight, layer.in_proj_bias,
-                                             layer.out_proj.weight, layer.out_proj.bias)]
-    return [_r(3, 7, 12), *weights, torch.nn.Transformer.generate_square_subsequent_mask(7)]
-
-
-def _mha(q, w, b, ow, ob, mask):
-    qt = q.transpose(0, 1)
-    return F.multi_head_attention_forward(qt, qt, qt, 12, 2, w, b, None, None, False, 0.0,
-                                          ow, ob, training=False, attn_mask=mask)[0]
-
-
-# func qualname -> (inputs, call) for what OpInfo has no sample of
-HAND = {
-    "multi_head_attention_forward": (_mha_inputs, _mha),
-    "chain_matmul": (lambda: [_r(3, 4), _r(4, 5), _r(5, 2)], torch.chain_matmul),
-    "softmax": (lambda: [_r(3, 5)], lambda x: F.softmax(x, -1)),
-    "log_softmax": (lambda: [_r(3, 5)], lambda x: F.log_softmax(x, -1)),
-    "gumbel_softmax": (lambda: [_r(3, 5)], lambda x: F.gumbel_softmax(x, tau=0.5)),
-    "affine_grid": (lambda: [_r(2, 2, 3)], lambda t: F.affine_grid(t, [2, 1, 4, 4],
-                                                                    align_corners=False)),
-    "fold": (lambda: [_r(1, 4, 9)], lambda x: F.fold(x, (4, 4), (2, 2))),
-    "dropout1d": (lambda: [_r(2, 3, 4)], lambda x: F.dropout1d(x, 0.5)),
-    "lp_pool1d": (lambda: [_r(1, 2, 6)], lambda x: F.lp_pool1d(x, 2.0, 2)),
-    "lp_pool2d": (lambda: [_r(1, 2, 6, 6)], lambda x: F.lp_pool2d(x, 2.0, 2)),
-    "lp_pool3d": (lambda: [_r(1, 2, 4, 4, 4)], lambda x: F.lp_pool3d(x, 2.0, 2)),
-    "max_pool1d_with_indices": (lambda: [_r(1, 2, 6)], lambda x: F.max_pool1d(x, 2)),
-    "max_pool2d_with_indices": (lambda: [_r(1, 2, 6, 6)], lambda x: F.max_pool2d(x, 2)),
-    "max_pool3d_with_indices": (lambda: [_r(1, 2, 4, 4, 4)], lambda x: F.max_pool3d(x, 2)),
-    "adaptive_max_pool1d_with_indices": (lambda: [_r(1, 2, 6)],
-                                         lambda x: F.adaptive_max_pool1d(x, 3)),
-    "adaptive_max_pool2d_with_indices": (lambda: [_r(1, 2, 6, 6)],
-                                         lambda x: F.adaptive_max_pool2d(x, 3)),
-    "adaptive_max_pool3d_with_indices": (lambda: [_r(1, 2, 4, 4, 4)],
-                                         lambda x: F.adaptive_max_pool3d(x, 2)),
-    "Tensor.__floordiv__": (lambda: [_r(3, 4), _r(3, 4) + 3], lambda a, b: a // b),
-    "Tensor.__rfloordiv__": (lambda: [_r(3, 4) + 3], lambda a: 2.0 // a),
-    "TensorBase.pow": (lambda: [_r(3, 4).abs() + 0.5], lambda a: a.pow(2.5)),
-    "TensorBase.pow_": (lambda: [_r(3, 4).abs() + 0.5], lambda a: a.clone().pow_(2.5)),
-}
+HAND = op_samples.HAND
 # func qualname -> why no call of it runs here
 NO_SAMPLE = {
     "Tensor.__rlshift__": "integer shifts: no floating arithmetic for a policy",
@@ -100,32 +55,9 @@ NO_SAMPLE = {
 }
 
 
-@functools.lru_cache(maxsize=1)
-def _opinfos() -> dict:
-    from torch.testing._internal.common_methods_invocations import op_db
-    out = {}
-    for info in op_db:
-        named = torch
-        for part in info.name.split("."):
-            named = getattr(named, part, None)
-        for variant in (info.op, info.method_variant, named, getattr(torch.Tensor, info.name, None)):
-            if variant is not None:
-                try:
-                    out.setdefault(variant, info)
-                except TypeError:
-                    pass
-    return out
-
-
-def samples(info):
-    """`info`'s float32 CPU samples, untracked: OpInfo.sample_inputs wraps
-    them in torch.testing's TrackedInputIter, which calls inspect.stack() per
-    call (under pytest's deep stack 0.3 s each: 760 ops took 7 minutes)."""
-    return iter(info.sample_inputs_func(info, "cpu", torch.float32, False))
-
-
-def qualname(func) -> str:
-    return getattr(func, "__qualname__", None) or getattr(func, "__name__", str(func))
+_opinfos = op_samples.opinfos
+samples = op_samples.samples
+qualname = op_samples.qualname
 
 
 def sample(func):

@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import tests.support.torchax_env as helpers_torchax  # noqa: F401  (JAX on CPU)
-from tests.support.fp8 import Block, dequantized, dots, fp8_dot
+from tests.support.fp8 import Block, dequantized, dots, fp8_dot, precisions
 
 import xla_amp
 import xla_amp.torchax as xt
@@ -44,6 +44,31 @@ def test_every_matmul_of_a_jitted_step_is_a_dot_on_float8_operands(policy, scali
     assert all(d[2] == "f32" for d in found), found
     assert sum(d[1][0] == "f8e5m2" for d in found) == 8
     assert dequantized(entries) == []
+
+
+@pytest.mark.parametrize("fast", ["forward", "all", "none"])
+def test_fast_accumulation_is_each_gemms_precision(fast):
+    """XLA:GPU gives a float8 dot at DEFAULT precision cuBLASLt's fast
+    accumulation and one at HIGHEST the split accumulator: the recipe's
+    choice is in the lowered program, per GEMM. Hybrid format: the gradient
+    GEMMs are the dots with an e5m2 operand."""
+    torch.manual_seed(0)
+    model = fp8.convert(Block(), fp8.Fp8Recipe(fast_accumulation=fast))
+    hlo = xt.make_train_step(model, F.mse_loss, optax.sgd(0.1), policy="tpu").lower(
+        torch.randn(2, 16, 32), torch.randn(2, 16, 32)).as_text(dialect="hlo")
+    found = [d for d in dots(hlo) if fp8_dot(d)]
+    prec = precisions(hlo)
+    forward = {prec[d[0]] for d in found if d[1][0] != "f8e5m2"}
+    backward = {prec[d[0]] for d in found if d[1][0] == "f8e5m2"}
+    assert len(found) == 12 and len(backward) >= 1, found
+    want = {"forward": ({""}, {"highest"}), "all": ({""}, {""}),
+            "none": ({"highest"}, {"highest"})}[fast]
+    assert (forward, backward) == want, (forward, backward)
+
+
+def test_the_recipe_refuses_an_unknown_fast_accumulation():
+    with pytest.raises(ValueError, match="fast_accumulation must be one of forward, all, none"):
+        fp8.Fp8Recipe(fast_accumulation="backward")
 
 
 @pytest.mark.parametrize("scaling", ["dynamic", "delayed"])

@@ -10,13 +10,21 @@ applied to that result. So every converted matmul is::
     dot(a_f8, b_f8, contract=(i, j)) -> float32        (this module)
     * (1 / s_a) * (1 / s_b)                            (_quant.unscale)
 
+`fast` (the recipe's fast_accumulation for this GEMM) is the dot's precision:
+XLA:GPU gives a float8 dot at DEFAULT precision cuBLASLt's fast accumulation
+and one at HIGHEST the split accumulator (partial sums promoted to float32).
+
 Engines::
 
     torch_xla   torch.ops.xla_amp.fp8_dot -> torch_xla._XLAC._xla_dot_general
                 (preferred_element_type=float32): the HLO dot has f8 operands
-                and an f32 result; a custom op, so torch.compile traces it
+                and an f32 result; a custom op, so torch.compile traces it.
+                2.9 refuses a per-dot precision_config: the dot carries the
+                process's (torch_xla.backends.set_mat_mul_precision), and
+                `fast` cannot be honoured per GEMM (docs/fp8.md)
     torchax     register_dot("jax", fn): jax.lax.dot_general on the float8
-                arrays, preferred_element_type=float32 (xla_amp.torchax._fp8)
+                arrays, preferred_element_type=float32, precision DEFAULT if
+                fast else HIGHEST (xla_amp.torchax._fp8)
     elsewhere   the same contraction on the float8 values widened to float32
                 (exact: a product of two float8 values is exact in float32)
 
@@ -37,9 +45,10 @@ _dots: dict = {}
 
 
 def register_dot(device_type: str, dot, supports=None) -> None:
-    """`dot(a, b, ca, cb)`: float32 result of contracting a's dim ca with b's
-    dim cb, on the float8 tensors themselves; `supports(da, db)`: whether the
-    backend can compile such a dot (None: always)."""
+    """`dot(a, b, ca, cb, fast)`: float32 result of contracting a's dim ca with
+    b's dim cb, on the float8 tensors themselves, accumulating fast or not;
+    `supports(da, db)`: whether the backend can compile such a dot (None:
+    always)."""
     _dots[device_type] = (dot, supports)
 
 
@@ -63,11 +72,11 @@ def _(a, b, ca, cb):
     return a.new_empty(_contracted_shape(a, b, ca, cb), dtype=torch.float32)
 
 
-def dot(a: torch.Tensor, b: torch.Tensor, ca: int, cb: int) -> torch.Tensor:
+def dot(a: torch.Tensor, b: torch.Tensor, ca: int, cb: int, fast: bool) -> torch.Tensor:
     """The engine's dot on float8 operands (see the module docstring)."""
     entry = _dots.get(a.device.type)
     if entry is not None:
-        return entry[0](a, b, ca, cb)
+        return entry[0](a, b, ca, cb, fast)
     return torch.ops.xla_amp.fp8_dot(a, b, ca, cb)
 
 

@@ -88,7 +88,8 @@ def forward_impl(x, weight, bias, module, record: bool):
              module.fp8_stats[G]]))
         if recipe.scaling == "dynamic":
             module.fp8_scale.copy_(torch.stack([sx, sw, module.fp8_scale[G]]))
-    y = _quant.unscale(_dot.dot(xq.reshape(-1, x.shape[-1]), wq, 1, 1), sx, sw)
+    y = _quant.unscale(_dot.dot(xq.reshape(-1, x.shape[-1]), wq, 1, 1, recipe.fast("forward")),
+                       sx, sw)
     if bias is not None:
         y = y + bias.float()
     return y.reshape(*x.shape[:-1], weight.shape[0]), (xq, wq, sx, sw,
@@ -127,9 +128,10 @@ def backward_impl(saved, grad_out, module, dtypes, record: bool):
     if record:
         module.fp8_stats.copy_(torch.cat([module.fp8_stats[:G],
                                           _quant.stats(g, gq, sg, fg).reshape(1, 2)]))
-    grad_x = _quant.unscale(_dot.dot(gq, wq, 1, 0), sg, sw).reshape(xq.shape).to(x_dtype)
-    grad_w = _quant.unscale(_dot.dot(gq, xq.reshape(-1, xq.shape[-1]), 0, 0),
-                            sg, sx).to(w_dtype)
+    grad_x = _quant.unscale(_dot.dot(gq, wq, 1, 0, recipe.fast("grad_input")),
+                            sg, sw).reshape(xq.shape).to(x_dtype)
+    grad_w = _quant.unscale(_dot.dot(gq, xq.reshape(-1, xq.shape[-1]), 0, 0,
+                                     recipe.fast("grad_weight")), sg, sx).to(w_dtype)
     # The clamp before the cast would turn an inf gradient into a finite one,
     # and the GradScaler would not skip: the non-finite amax goes on instead.
     grad_x = torch.where(finite, grad_x, ag.to(x_dtype))

@@ -16,6 +16,15 @@ output gradient g)::
     scale:         fmax / amax / 2**margin (2**floor(log2(.)) with
                    power_of_two); a zero or non-finite amax keeps the old scale
     amax_compute:  "max" of the history or its "most_recent" entry
+    fast_accumulation:
+                   which fp8 GEMMs may accumulate imprecisely on the GPU
+                   (cuBLASLt's FAST_ACCUM: Hopper's fp8 tensor cores then
+                   never promote partial sums to float32): "forward" (the
+                   forward GEMM only; both gradients' GEMMs, whose sums run
+                   over the tokens, keep the split accumulator), "all" or
+                   "none". A dot carries it as its precision: DEFAULT is
+                   fast, HIGHEST is not (XLA:GPU's rule); other backends
+                   compute both alike
     keep:          modules left in high precision: nn.Module classes or
                    globs on qualified names (fnmatch), e.g. ("lm_head", "0")
 
@@ -31,6 +40,7 @@ from torch import nn
 FORMATS = ("hybrid", "e4m3")
 SCALINGS = ("dynamic", "delayed")
 AMAX_COMPUTE = ("max", "most_recent")
+FAST_ACCUMULATION = ("forward", "all", "none")
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 ALIGN = 16  # fp8 GEMMs (cuBLASLt) need both matrix dimensions to be multiples of 16
 
@@ -46,10 +56,12 @@ class Fp8Recipe:
     margin: int = 0
     power_of_two: bool = False
     keep: tuple = ()
+    fast_accumulation: str = "forward"
 
     def __post_init__(self):
         for name, allowed in (("scaling", SCALINGS), ("format", FORMATS),
-                              ("amax_compute", AMAX_COMPUTE)):
+                              ("amax_compute", AMAX_COMPUTE),
+                              ("fast_accumulation", FAST_ACCUMULATION)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"Fp8Recipe: {name} must be one of {', '.join(allowed)}, "
                                  f"got {getattr(self, name)!r}")
@@ -81,6 +93,12 @@ class Fp8Recipe:
     def backward_dtype(self) -> torch.dtype:
         """The float8 type of output gradients."""
         return torch.float8_e5m2 if self.format == "hybrid" else torch.float8_e4m3fn
+
+    def fast(self, gemm: str) -> bool:
+        """Whether `gemm` ("forward", "grad_input" or "grad_weight") may
+        accumulate imprecisely."""
+        return self.fast_accumulation == "all" or (self.fast_accumulation == "forward"
+                                                   and gemm == "forward")
 
     def dtypes(self) -> tuple[torch.dtype, torch.dtype, torch.dtype]:
         """(x, w, g) float8 types."""

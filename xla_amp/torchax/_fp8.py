@@ -115,10 +115,12 @@ def _dims(ca: int, cb: int):
     return (((ca,), (cb,)), ((), ()))
 
 
-def dot(a, b, ca: int, cb: int):
-    """`_dot.dot` for torchax tensors: a dot on the float8 arrays themselves."""
-    out = jax.lax.dot_general(a.jax(), b.jax(), _dims(ca, cb),
-                              precision=jax.lax.Precision.DEFAULT,  # not a region's fp32 one
+def dot(a, b, ca: int, cb: int, fast: bool):
+    """`_dot.dot` for torchax tensors: a dot on the float8 arrays themselves,
+    at DEFAULT precision (XLA:GPU: fast accumulation) or HIGHEST (the split
+    accumulator); never a region's fp32 precision."""
+    precision = jax.lax.Precision.DEFAULT if fast else jax.lax.Precision.HIGHEST
+    out = jax.lax.dot_general(a.jax(), b.jax(), _dims(ca, cb), precision=precision,
                               preferred_element_type=jnp.float32)
     return _env(a).j2t_iso(out)
 

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# One prepared command for a lent GPU (issues #50 and #51), run from the
+# checkout's root with results under $OUT (default build/lent-gpu):
+#
+#   bash benchmarks/lent_gpu.sh            # BUDGET=540 seconds in all
+#
+# Parts, most wanted first, each under its own cap and what is left of the
+# budget (a part that overruns is cut; the next still runs; parts.log says
+# what each took and its exit status):
+#   composites  scripts/record_cuda_autocast.py: torch.autocast("cuda")'s
+#               dtypes for every public function with a sample (the cuda
+#               rules' reference, tests/policies/cuda_autocast_dtypes.json)
+#   fp8-probe   one fp8 GEMM of the MLP's shape compiled with XLA's defaults
+#               and with Triton GEMMs off: the flag the fp8 parts then use
+#               when it compiles 3x faster
+#   fp8-mlp     benchmarks/fp8_gpu.py on the MLP: bf16, fp8 (fast
+#               accumulation in the forward GEMM only) and fp8-fast-all
+#   gpu-lm      benchmarks/gpu.py: xla_amp fp16/bf16 against torch.compile and
+#               eager AMP, and with cuDNN's fused attention (--cudnn-sdpa)
+#   fp8-gpt2    benchmarks/fp8_gpu.py on GPT-2 small: bf16 against fp8
+# The lent image has neither torchax nor expecttest: their wheels are carried
+# in gpuwheels/ (pip download torchax==0.0.13 expecttest --no-deps -d
+# gpuwheels) and installed here.
+set -u
+OUT=${OUT:-build/lent-gpu}
+BUDGET=${BUDGET:-540}
+mkdir -p "$OUT"
+PY=$(command -v python || command -v python3)
+start=$SECONDS
+
+part() {  # NAME CAP COMMAND...
+  local name=$1 cap=$2 left t s rc
+  shift 2
+  left=$(( BUDGET - (SECONDS - start) ))
+  t=$(( cap < left ? cap : left ))
+  if (( t < 30 )); then
+    echo "$name: not run ($left s left)" >> "$OUT/parts.log"
+    return
+  fi
+  s=$SECONDS
+  timeout -k 5 "$t" "$@" > "$OUT/$name.log" 2>&1
+  rc=$?
+  echo "$name: exit $rc after $(( SECONDS - s )) s (cap $t s)" >> "$OUT/parts.log"
+}
+
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; git rev-parse HEAD; date -u; } \
+  > "$OUT/host.txt" 2>&1
+for mod in torchax expecttest; do  # expecttest: torch.testing's OpInfos import it
+  $PY -c "import $mod" 2>/dev/null || $PY -m pip install -q --no-deps gpuwheels/$mod-*.whl \
+    >> "$OUT/pip.log" 2>&1
+done
+$PY -c "import torch, jax; print(torch.__version__, jax.__version__, jax.devices())" \
+  >> "$OUT/host.txt" 2>&1
+
+part composites 90 $PY -m scripts.record_cuda_autocast --out "$OUT/cuda_autocast_dtypes.json"
+
+part fp8-probe 60 $PY -m benchmarks.fp8_gpu --worker probe
+FLAGS=$($PY - "$OUT/fp8-probe.log" <<'PYEOF'
+import json, sys
+# the probe's RESULT line; without one (cut or failed) Triton GEMMs go off
+res = [json.loads(l[len("RESULT "):]) for l in open(sys.argv[1]) if l.startswith("RESULT ")]
+slow = not res or res[0]["defaults"]["compile_s"] > 3 * res[0]["triton_gemm_off"]["compile_s"]
+print("--xla_gpu_enable_triton_gemm=false" if slow else "")
+PYEOF
+)
+echo "fp8 XLA flags: '${FLAGS}'" >> "$OUT/parts.log"
+
+part fp8-mlp 170 $PY -m benchmarks.fp8_gpu --engines torchax --models mlp \
+  --variants bf16,fp8,fp8-fast-all --xla-flags="$FLAGS" --out "$OUT/fp8-mlp"
+part gpu-lm 170 $PY -m benchmarks.gpu --only fp16,bf16,eager-amp,compile-amp --cudnn-sdpa \
+  --steps 30 --rounds 3 --out "$OUT/gpu-lm"
+part fp8-gpt2 150 $PY -m benchmarks.fp8_gpu --engines torchax --models gpt2 \
+  --variants bf16,fp8 --rounds 5 --xla-flags="$FLAGS" --out "$OUT/fp8-gpt2"
+echo "total $(( SECONDS - start )) s" >> "$OUT/parts.log"
