@@ -227,7 +227,8 @@ def worker(engine: str, model: str, args) -> dict:
     for v in names:
         losses = variants[v].loss_values()
         out[v].update(ms_per_step=H.median(ms[v]), steps=len(losses), first_loss=losses[0],
-                      final_loss=statistics.fmean(losses[-10:]))
+                      final_loss=statistics.fmean(losses[-10:]),
+                      losses=[round(x, 5) for x in losses])
         if v != "bf16":
             out[v]["speedup"] = H.paired_ratio(ms["bf16"], ms[v])
             out[v]["loss_rel_diff"] = out[v]["final_loss"] / out["bf16"]["final_loss"] - 1
