@@ -173,7 +173,9 @@ def test_adaptation_api_and_opt_out(device):
     assert cuda.adaptation("aten::mm") is None  # has a category
     assert cuda.adaptation("aten::relu") is None
     assert cuda.with_overrides(fp32=["aten::batch_norm"]).adaptation("aten::batch_norm") is None
-    assert dict(cuda.adaptations) == policies.xla_adaptations()
+    # the shared XLA adaptations, and the composite its [decompose] table names
+    assert dict(cuda.adaptations) == {**policies.xla_adaptations(),
+                                      "aten::affine_grid_generator": "decompose"}
     assert "select-and-scatter" in policies.adaptation_reason("aten::batch_norm")
     import dataclasses
     off = dataclasses.replace(cuda, name="cuda-unadapted", adaptations={})

@@ -10,10 +10,16 @@ gives on XLA:CPU equal those torch.autocast("cpu") gives on the CPU.
 A function is excused only where torch_xla differs from the CPU without any
 autocast too (its own dtype or an error: nothing a policy decides), which
 the test derives by running it so. The cuda rules' reference is CUDA
-autocast, which needs a GPU: not checked here (docs/policies.md)."""
+autocast, recorded on a lent GPU by scripts/record_cuda_autocast.py into
+cuda_autocast_dtypes.json (its torch and device inside): the same calls
+under xla_amp.autocast(policy="cuda") on XLA:CPU give the recorded dtypes,
+excused only where torch_xla without autocast differs from the GPU without
+autocast; a case list that has moved away from the table fails as stale."""
 from __future__ import annotations
 
 import functools
+import json
+import pathlib
 import warnings
 
 import pytest
@@ -25,6 +31,7 @@ from xla_amp.policies import _decompose
 
 EXTRA = S.EXTRA
 _run = S.run
+CUDA_TABLE = pathlib.Path(__file__).with_name("cuda_autocast_dtypes.json")
 
 
 def _cases():
@@ -58,6 +65,53 @@ def test_every_public_function_gives_cpu_autocasts_dtypes():
     assert count > 700, count
     assert differ == {}, differ
     assert len(excused) < 25, excused  # torch_xla's own differences, a bounded few
+
+
+@functools.lru_cache(maxsize=1)
+def _compare_cuda():
+    import contextlib
+    table = json.loads(CUDA_TABLE.read_text())["cases"]
+    dev = torch.device("xla:0")
+    differ, excused, moved, count = {}, {}, [], 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name, (make, call) in _cases().items():
+            args, kwargs = make()
+            rec = table.get(name)
+            if rec is None or rec["signature"] != S.signature(args, kwargs):
+                moved.append(name)  # another torch's sample: not comparable
+                continue
+            if rec["autocast"] and rec["autocast"][0].startswith("error"):
+                continue  # CUDA autocast cannot run this sample
+            count += 1
+            got = _run(call, args, kwargs, dev, xla_amp.autocast(dev, policy="cuda"))
+            if got == rec["autocast"]:
+                continue
+            plain = _run(call, args, kwargs, dev, contextlib.nullcontext())
+            (excused if plain != rec["plain"] else differ)[name] = (rec["autocast"], got)
+    return count, differ, excused, moved
+
+
+def test_every_public_function_gives_cuda_autocasts_dtypes():
+    """affine_grid: float16 under CUDA autocast (its generator is a bmm);
+    tensordot float32 (CUDA autocast promotes it: measured on an H200)."""
+    count, differ, excused, _ = _compare_cuda()
+    assert count > 700, count
+    assert differ == {}, differ
+    assert len(excused) < 25, excused
+
+
+def test_the_recorded_cuda_table_is_not_stale():
+    """Every case this tree's torch samples is in the table with the same
+    tensors, but for a bounded few a different torch samples differently
+    (recorded: torch 2.11 on the GPU; here 2.9). Rerun
+    scripts/record_cuda_autocast.py on a lent GPU when this fails."""
+    recorded = json.loads(CUDA_TABLE.read_text())["recorded"]
+    assert recorded["device"] == "cuda" and recorded["autocast_dtype"] == "float16", recorded
+    count, _, _, moved = _compare_cuda()
+    assert len(moved) <= 0.01 * len(_cases()), (
+        f"{len(moved)} cases not in {CUDA_TABLE.name} as sampled here (rerun "
+        f"scripts/record_cuda_autocast.py on a GPU): {moved[:20]}")
 
 
 def test_the_decomposed_composites_are_exercised():
