@@ -34,6 +34,8 @@ processes after ``jax.distributed.initialize``.
 """
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -96,7 +98,8 @@ class TrainStep:
             raise TypeError(f"make_train_step: seed must be an int, got {seed!r}")
         rng = jax.random.PRNGKey(seed)
         self.state = self._place((params, buffers, opt_state, scaler_state, rng))
-        self._jitted = jax.jit(self._step)
+        self._jitted = jax.jit(self._step, compiler_options=_fp8.compiler_options(
+            model, jax.default_backend(), os.environ.get("XLA_FLAGS", "")))
         self.metrics = {}
 
     # -- placement ---------------------------------------------------------
