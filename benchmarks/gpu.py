@@ -2,7 +2,7 @@
 
     python benchmarks/gpu.py [--out DIR] [--steps 60] [--rounds 5] [--smoke]
                              [--flag-sets "A;B"]       (XLA_FLAGS sets to try)
-                             [--cudnn-sdpa] [--only fp16,bf16,compile-amp]
+                             [--unfused-attention] [--only fp16,bf16,compile-amp]
 
 The LM (benchmarks/_gpt.py: 6 layers x 768, 12 heads, vocab 8192, seq 512,
 batch 16; AdamW 1e-3; one initialisation, the same batches) trained by:
@@ -24,11 +24,11 @@ and last (mean of the last 5), and for torchax the GEMMs of the optimized
 program by operand type (cuBLAS/cuBLASLt calls and Triton GEMM fusions; on a
 backend with neither, its dots). --flag-sets reruns the torchax fp16/bf16
 variants once per XLA_FLAGS set (e.g. autotuning or latency-hiding flags) and
-reports what each gave. --cudnn-sdpa adds a torchax worker whose
-F.scaled_dot_product_attention is jax.nn.dot_product_attention
-(implementation "cudnn" on a GPU: cuDNN's fused attention, where torchax's
-own lowering is the unfused math; XLA's elsewhere). --only keeps the named
-variants in every worker. Results: DIR/gpu.json and DIR/gpu.md (DIR: --out, else
+reports what each gave. On a GPU xla_amp's regions send attention to cuDNN's
+fused kernel (xla_amp/torchax/_attention.py); --unfused-attention adds a
+torchax worker whose fp16/bf16 steps keep torchax's own, unfused lowering
+(make_train_step(..., fused_attention=False)): the difference it makes.
+--only keeps the named variants in every worker. Results: DIR/gpu.json and DIR/gpu.md (DIR: --out, else
 $OUT, else build/). --smoke: a tiny LM, a few steps, the native worker on the
 CPU (bf16 autocast): a check of the script itself. Run from the checkout's
 root (``python benchmarks/gpu.py`` re-runs itself as ``-m benchmarks.gpu``:
@@ -113,7 +113,7 @@ def torchax_runner(name: str, args) -> tuple[Runner, dict]:
                "f32-highest": dict(enabled=False)}[name]
     precision = "highest" if name == "f32-highest" else None
     step = xt.make_train_step(model(args), lambda o, y: lm_loss(o.float(), y),
-                              optax.adamw(1e-3), **options)
+                              optax.adamw(1e-3), fused_attention=args.fused_attention, **options)
     data = [step.place_batch(*b) for b in batches(args)]
     losses, k = [], [0]
 
@@ -167,39 +167,16 @@ def native_runner(name: str, args) -> tuple[Runner, dict]:
     return Runner(run, sync, losses), {"compile_s": time.perf_counter() - t0}
 
 
-def install_fused_sdpa() -> str:
-    """torchax's F.scaled_dot_product_attention as jax.nn.dot_product_attention
-    (cuDNN's fused kernel on a GPU); the implementation's name."""
-    import jax
-    import torch
-    import torch.nn.functional as F
-    import torchax
-    env = torchax.default_env()
-    impl = "cudnn" if jax.default_backend() == "gpu" else None
-
-    def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-             enable_gqa=False):
-        if attn_mask is not None or dropout_p:
-            raise NotImplementedError("the benchmark's fused SDPA: no mask, no dropout")
-        qj, kj, vj = (t.jax().transpose(0, 2, 1, 3) for t in (q, k, v))  # to B T N H
-        out = jax.nn.dot_product_attention(qj, kj, vj, scale=scale, is_causal=is_causal,
-                                           implementation=impl)
-        return env.j2t_iso(out.transpose(0, 2, 1, 3))
-    env.override_op_definition(F.scaled_dot_product_attention, sdpa)
-    env.override_op_definition(torch.ops.aten.scaled_dot_product_attention, sdpa)
-    return impl or "xla"
-
-
 def variants(kind: str, only: str) -> tuple:
     """The variants worker `kind` runs, those in `only` where it names any."""
-    names = ("fp16", "bf16") if kind.startswith("flags:") or kind == "cudnn-sdpa" else (
+    names = ("fp16", "bf16") if kind.startswith("flags:") or kind == "unfused-attention" else (
         TORCHAX if kind == "torchax" else NATIVE)
     return tuple(n for n in names if n in only.split(",")) if only else names
 
 
 def worker(kind: str, args) -> dict:
     names = variants(kind, args.only)
-    sdpa = install_fused_sdpa() if kind == "cudnn-sdpa" else None
+    args.fused_attention = False if kind == "unfused-attention" else None
     make = native_runner if kind == "native" else torchax_runner
     runners, out = {}, {}
     for n in names:
@@ -212,7 +189,8 @@ def worker(kind: str, args) -> dict:
                       last_loss=statistics.fmean(losses[-5:]), steps=len(losses))
     import torch
     out["environment"] = {"torch": torch.__version__, "cuda": torch.cuda.is_available(),
-                          "xla_flags": os.environ.get("XLA_FLAGS", ""), "sdpa": sdpa}
+                          "xla_flags": os.environ.get("XLA_FLAGS", ""),
+                          "fused_attention": args.fused_attention}
     if kind != "native":
         import jax
         out["environment"].update(jax=jax.__version__, backend=jax.default_backend())
@@ -238,11 +216,11 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--flag-sets", default="", help="XLA_FLAGS sets, ';'-separated")
-    ap.add_argument("--cudnn-sdpa", action="store_true")
+    ap.add_argument("--unfused-attention", action="store_true")
     ap.add_argument("--only", default="", help="variants to keep, ','-separated")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--worker", default="",
-                    help="torchax | native | flags:N | cudnn-sdpa (internal)")
+                    help="torchax | native | flags:N | unfused-attention (internal)")
     args = ap.parse_args(argv)
     if args.smoke and args.steps == 60:
         args.steps, args.rounds = 7, 2
@@ -255,7 +233,7 @@ def main(argv=None) -> None:
     results, t0 = {}, time.perf_counter()
     jobs = [("native", None), ("torchax", None)]
     jobs += [(f"flags:{i}", f) for i, f in enumerate(filter(None, args.flag_sets.split(";")))]
-    jobs += [("cudnn-sdpa", None)] if args.cudnn_sdpa else []
+    jobs += [("unfused-attention", None)] if args.unfused_attention else []
     for kind, flags in [(k, f) for k, f in jobs if variants(k, args.only)]:
         env = dict(os.environ)
         if flags:

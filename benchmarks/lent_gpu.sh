@@ -15,8 +15,9 @@
 #               when it compiles 3x faster
 #   fp8-mlp     benchmarks/fp8_gpu.py on the MLP: bf16, fp8 (fast
 #               accumulation in the forward GEMM only) and fp8-fast-all
-#   gpu-lm      benchmarks/gpu.py: xla_amp fp16/bf16 against torch.compile and
-#               eager AMP, and with cuDNN's fused attention (--cudnn-sdpa)
+#   gpu-lm      benchmarks/gpu.py: xla_amp fp16/bf16 (attention through cuDNN's
+#               fused kernel) against torch.compile and eager AMP, and with
+#               torchax's unfused attention (--unfused-attention)
 #   fp8-gpt2    benchmarks/fp8_gpu.py on GPT-2 small: bf16 against fp8
 # The lent image has neither torchax nor expecttest: their wheels are carried
 # in gpuwheels/ (pip download torchax==0.0.13 expecttest --no-deps -d
@@ -67,7 +68,7 @@ echo "fp8 XLA flags: '${FLAGS}'" >> "$OUT/parts.log"
 
 part fp8-mlp 170 $PY -m benchmarks.fp8_gpu --engines torchax --models mlp \
   --variants bf16,fp8,fp8-fast-all --xla-flags="$FLAGS" --out "$OUT/fp8-mlp"
-part gpu-lm 170 $PY -m benchmarks.gpu --only fp16,bf16,eager-amp,compile-amp --cudnn-sdpa \
+part gpu-lm 170 $PY -m benchmarks.gpu --only fp16,bf16,eager-amp,compile-amp --unfused-attention \
   --steps 30 --rounds 3 --out "$OUT/gpu-lm"
 part fp8-gpt2 150 $PY -m benchmarks.fp8_gpu --engines torchax --models gpt2 \
   --variants bf16,fp8 --rounds 5 --xla-flags="$FLAGS" --out "$OUT/fp8-gpt2"

@@ -51,15 +51,14 @@ import torch
 from xla_amp import policies
 from xla_amp.policies import _matmul_precision as matmul_precision
 from xla_amp.policies._policy import Policy
-from xla_amp.torchax import _batch_norm, _hook, _lowerings, _paths, _rules
+from xla_amp.torchax import _attention, _batch_norm, _hook, _lowerings, _paths, _rules
 
 # JAX backend -> xla_amp hardware name (policies.HARDWARE_POLICY's keys)
 _BACKEND_HARDWARE = {"tpu": "TPU", "gpu": "CUDA", "cuda": "CUDA", "rocm": "CUDA",
                      "cpu": "CPU", "neuron": "NEURON"}
 # Floating types a JAX backend computes in (TPUs have no float16 arithmetic).
 BACKEND_DTYPES = {"tpu": (torch.bfloat16,), "neuron": (torch.bfloat16,),
-                  "gpu": (torch.bfloat16, torch.float16),
-                  "cuda": (torch.bfloat16, torch.float16),
+                  "gpu": (torch.bfloat16, torch.float16), "cuda": (torch.bfloat16, torch.float16),
                   "rocm": (torch.bfloat16, torch.float16),
                   "cpu": (torch.bfloat16, torch.float16)}
 
@@ -76,9 +75,11 @@ def _stack() -> list:
 
 class _Top(tuple):
     """A stack entry: (rules, dtype), with the region's float32 matmul
-    precision as an attribute."""
+    precision, JAX backend and attention path as attributes."""
 
     precision = "default"
+    backend = "cpu"
+    fused_attention = False
 
 
 def current() -> tuple[_rules.Rules, torch.dtype] | None:
@@ -140,6 +141,11 @@ def _dispatch(stack, original, func, types, args, kwargs):
         return _inner(rules, dtype, original, func, types, args, kwargs)
     category = rules.lookup(func, args, kwargs)
     if category is None:
+        if func in _attention.SDPA:  # inputs as they come: low ones fuse (_attention.py)
+            with _suspended(_LOW_ATTENTION):
+                out = _attention.run(stack[-1], original, func, args, kwargs)
+            if out is not None:
+                return out
         with _precision(stack[-1], args, kwargs):
             return _uncategorized(original, rules, func, types, args, kwargs)
     return _cast_and_run(rules, category, dtype, original, func, types, args, kwargs)
@@ -154,7 +160,10 @@ def _cast_and_run(rules, category, dtype, original, func, types, args, kwargs):
     if category == _LOW and _rules.is_attention(func):
         category = _LOW_ATTENTION  # its softmax in float32, as PyTorch's attention kernels
     with _suspended(category), _precision(current(), args, kwargs):
-        return _run(original, func, types, args, kwargs)
+        out = _attention.run(current(), original, func, args, kwargs) \
+            if category == _LOW_ATTENTION else None
+        return _run(original, func, types, args, kwargs) if out is None else out
+
 
 
 def _run(original, func, types, args, kwargs):
@@ -270,18 +279,24 @@ class autocast(contextlib.ContextDecorator):
     """Autocast for torchax tensors; see the module docstring. Arguments as
     `xla_amp.autocast`'s, with `device` ``"jax"``; `env` is the torchax
     environment (default ``torchax.default_env()``); `backend` the JAX
-    backend the program is for (default ``jax.default_backend()``)."""
+    backend the program is for (default ``jax.default_backend()``);
+    `fused_attention` whether scaled_dot_product_attention in the region's
+    low dtype goes to jax.nn.dot_product_attention (cuDNN's fused kernel on a
+    GPU; _attention.py), default: on a GPU backend only."""
 
     def __init__(self, device="jax", enabled: bool = True, dtype: torch.dtype | None = None,
                  policy: str | Policy | None = None, *, env=None, backend: str | None = None,
-                 fp32_matmul_precision: str | None = None):
+                 fp32_matmul_precision: str | None = None, fused_attention: bool | None = None):
         _device_ok(device)
+        _attention.check(fused_attention, "xla_amp.torchax.autocast")
         if not isinstance(enabled, bool):
             raise ValueError(f"xla_amp.torchax.autocast: enabled must be a bool, got {enabled!r}")
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise ValueError(f"xla_amp.torchax.autocast: dtype must be a floating torch.dtype "
                              f"or None, got {dtype!r}")
         self.backend = backend_name(backend)
+        self.fused_attention = (_attention.default(self.backend) if fused_attention is None
+                                else fused_attention)
         self.policy = policy_for(policy, self.backend)
         if fp32_matmul_precision is not None:
             matmul_precision.check(fp32_matmul_precision, "xla_amp.torchax.autocast")
@@ -306,6 +321,7 @@ class autocast(contextlib.ContextDecorator):
         if self.enabled:
             top = _Top((self.rules, self.dtype))
             top.precision = self.policy.effective_fp32_matmul_precision()
+            top.backend, top.fused_attention = self.backend, self.fused_attention
         stack.append(top)
         self._depth.append(len(stack))
         return self

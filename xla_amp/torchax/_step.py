@@ -61,7 +61,8 @@ class TrainStep:
 
     def __init__(self, model, loss_fn, optimizer, *, policy=None, dtype=None, enabled=True,
                  scaler: LossScaler | None = None, mesh=None, sharding="replicate", env=None,
-                 backend=None, seed: int | None = None, fp32_matmul_precision=None):
+                 backend=None, seed: int | None = None, fp32_matmul_precision=None,
+                 fused_attention: bool | None = None):
         import torchax
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"make_train_step: model must be an nn.Module, got "
@@ -77,7 +78,8 @@ class TrainStep:
         self.env = env or torchax.default_env()
         self.region = _autocast("jax", enabled=enabled, dtype=dtype, policy=policy,
                                 env=self.env, backend=backend,
-                                fp32_matmul_precision=fp32_matmul_precision)
+                                fp32_matmul_precision=fp32_matmul_precision,
+                                fused_attention=fused_attention)
         self.scaler = scaler or LossScaler(enabled=False)
         self.model, self.loss_fn, self.mesh, self.sharding = model, loss_fn, mesh, sharding
         from xla_amp.fp8 import Fp8Linear
