@@ -2,8 +2,9 @@
 dots and convolutions whose inputs are float32 -- an "fp32" module rule's,
 the fp32 category's, an op the policy leaves in float32 -- carry the
 region's precision in the lowered program (HLO operand_precision), per
-region, per policy and per module rule; low-precision dots and fp8 dots
-carry none; a bad name is refused in one line."""
+region, per policy and per module rule; low-precision dots carry none and
+fp8 dots not the region's (their recipe's fast accumulation:
+test_torchax_fp8.py); a bad name is refused in one line."""
 from __future__ import annotations
 
 import re
