@@ -5,7 +5,8 @@ through make_train_step(mesh=..., sharding="replicate")
 (tests/torchax/_torchax_peer_loss_run.py, one process each).
 
     process 1 SIGKILLed mid-run: process 0 exits with PEER_LOST_EXIT_CODE
-    within 20 s of the kill, one line on its stderr naming process 1
+    within 20 s of the kill, one line on its stderr naming process 1 (or,
+    where the kill cut a message in half, by gloo's own abort at once)
     process 1 ending on an unhandled exception: process 0 exits the same
     way at once, the line saying process 1 failed
     a clean run, process 0 lingering past peer_timeout_s after process 1
@@ -37,6 +38,9 @@ RUN = os.path.join(HERE, "_torchax_peer_loss_run.py")
 TIMEOUT = 120  # seconds, a whole pair at most (a run takes 10 to 20)
 KILL_TO_EXIT_S = 20  # the survivor's exit after the kill, at most
 LINGER_S = 8  # the clean run's straggler: past peer_timeout_s (6 s)
+# gloo's transport thread aborting the survivor when the killed peer's last
+# message arrives cut short (once in ~20 runs, 2026-11-27): upstream's outcome
+GLOO_ABORT = "Received data size doesn't match expected size"
 
 
 def _env():
@@ -128,8 +132,10 @@ def test_a_killed_process_ends_the_survivor_naming_it(tmp_path):
         _kill_all(procs)
     report = _report(tmp_path, procs)
     print(f"process 1 killed: process 0 exited rc {procs[0].returncode} after {elapsed:.1f} s")
-    assert procs[0].returncode == PEER_LOST_EXIT_CODE, report
     assert elapsed < KILL_TO_EXIT_S, f"{elapsed:.1f} s\n{report}"
+    if procs[0].returncode == -signal.SIGABRT and GLOO_ABORT in _read(tmp_path, "err0"):
+        return  # gloo read the dying peer's half-sent message: its own abort (docs/torchax.md)
+    assert procs[0].returncode == PEER_LOST_EXIT_CODE, report
     assert len(lines) == 1 and lines[0].startswith(
         "xla_amp.torchax: process 1 of 2 stopped answering (no heartbeat for "), report
     assert lines[0].endswith(f"exiting (process 0, status {PEER_LOST_EXIT_CODE})"), report
