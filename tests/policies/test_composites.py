@@ -17,6 +17,7 @@ excused only where torch_xla without autocast differs from the GPU without
 autocast; a case list that has moved away from the table fails as stale."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import pathlib
@@ -38,64 +39,65 @@ def _cases():
     return S.composite_cases()
 
 
-@functools.lru_cache(maxsize=1)
-def _compare():
-    import contextlib
-    dev = torch.device("xla:0")
-    differ, excused, count = {}, {}, 0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for name, (make, call) in _cases().items():
-            args, kwargs = make()
-            want = _run(call, args, kwargs, "cpu", torch.autocast("cpu", dtype=torch.bfloat16))
-            if want and want[0].startswith("error"):
-                continue  # the CPU cannot run this sample under autocast
-            count += 1
-            got = _run(call, args, kwargs, dev, xla_amp.autocast(dev, policy="cpu"))
-            if got == want:
-                continue
-            plain_cpu = _run(call, args, kwargs, "cpu", contextlib.nullcontext())
-            plain_xla = _run(call, args, kwargs, dev, contextlib.nullcontext())
-            (excused if plain_xla != plain_cpu else differ)[name] = (want, got)
-    return count, differ, excused
-
-
-def test_every_public_function_gives_cpu_autocasts_dtypes():
-    count, differ, excused = _compare()
-    assert count > 700, count
-    assert differ == {}, differ
-    assert len(excused) < 25, excused  # torch_xla's own differences, a bounded few
+def _live_cpu(name, call, args, kwargs):
+    """torch.autocast("cpu")'s dtypes now, and (when asked) the CPU's without it."""
+    return (_run(call, args, kwargs, "cpu", torch.autocast("cpu", dtype=torch.bfloat16)),
+            lambda: _run(call, args, kwargs, "cpu", contextlib.nullcontext()))
 
 
 @functools.lru_cache(maxsize=1)
-def _compare_cuda():
-    import contextlib
-    table = json.loads(CUDA_TABLE.read_text())["cases"]
+def _cuda_table() -> dict:
+    return json.loads(CUDA_TABLE.read_text())
+
+
+def _recorded_cuda(name, call, args, kwargs):
+    """CUDA autocast's recorded dtypes and the GPU's without it; None where the
+    table has no such sample (another torch's sample: not comparable)."""
+    rec = _cuda_table()["cases"].get(name)
+    if rec is None or rec["signature"] != S.signature(args, kwargs):
+        return None
+    return rec["autocast"], lambda: rec["plain"]
+
+
+@functools.lru_cache(maxsize=None)
+def _compare(policy):
+    """(cases compared, {name: (want, got)} differing, excused, [names not
+    comparable]) of xla_amp.autocast(policy=) on XLA:CPU against the
+    policy's system: `_live_cpu` or `_recorded_cuda`."""
+    reference = {"cpu": _live_cpu, "cuda": _recorded_cuda}[policy]
     dev = torch.device("xla:0")
     differ, excused, moved, count = {}, {}, [], 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for name, (make, call) in _cases().items():
             args, kwargs = make()
-            rec = table.get(name)
-            if rec is None or rec["signature"] != S.signature(args, kwargs):
-                moved.append(name)  # another torch's sample: not comparable
+            ref = reference(name, call, args, kwargs)
+            if ref is None:
+                moved.append(name)
                 continue
-            if rec["autocast"] and rec["autocast"][0].startswith("error"):
-                continue  # CUDA autocast cannot run this sample
+            want, plain_ref = ref
+            if want and want[0].startswith("error"):
+                continue  # the reference device cannot run this sample under autocast
             count += 1
-            got = _run(call, args, kwargs, dev, xla_amp.autocast(dev, policy="cuda"))
-            if got == rec["autocast"]:
+            got = _run(call, args, kwargs, dev, xla_amp.autocast(dev, policy=policy))
+            if got == want:
                 continue
-            plain = _run(call, args, kwargs, dev, contextlib.nullcontext())
-            (excused if plain != rec["plain"] else differ)[name] = (rec["autocast"], got)
+            plain_xla = _run(call, args, kwargs, dev, contextlib.nullcontext())
+            (excused if plain_xla != plain_ref() else differ)[name] = (want, got)
     return count, differ, excused, moved
+
+
+def test_every_public_function_gives_cpu_autocasts_dtypes():
+    count, differ, excused, _ = _compare("cpu")
+    assert count > 700, count
+    assert differ == {}, differ
+    assert len(excused) < 25, excused  # torch_xla's own differences, a bounded few
 
 
 def test_every_public_function_gives_cuda_autocasts_dtypes():
     """affine_grid: float16 under CUDA autocast (its generator is a bmm);
     tensordot float32 (CUDA autocast promotes it: measured on an H200)."""
-    count, differ, excused, _ = _compare_cuda()
+    count, differ, excused, _ = _compare("cuda")
     assert count > 700, count
     assert differ == {}, differ
     assert len(excused) < 25, excused
@@ -106,9 +108,9 @@ def test_the_recorded_cuda_table_is_not_stale():
     tensors, but for a bounded few a different torch samples differently
     (recorded: torch 2.11 on the GPU; here 2.9). Rerun
     scripts/record_cuda_autocast.py on a lent GPU when this fails."""
-    recorded = json.loads(CUDA_TABLE.read_text())["recorded"]
+    recorded = _cuda_table()["recorded"]
     assert recorded["device"] == "cuda" and recorded["autocast_dtype"] == "float16", recorded
-    count, _, _, moved = _compare_cuda()
+    _, _, _, moved = _compare("cuda")
     assert len(moved) <= 0.01 * len(_cases()), (
         f"{len(moved)} cases not in {CUDA_TABLE.name} as sampled here (rerun "
         f"scripts/record_cuda_autocast.py on a GPU): {moved[:20]}")
