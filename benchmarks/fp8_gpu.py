@@ -62,8 +62,19 @@ _CUBLAS = re.compile(r'custom_call_target="(__cublas\$[\w$]+)"')
 _TRITON_GEMM = re.compile(r'"kind":"__triton_gemm"')
 
 
-def build(model: str, shapes: dict, n_batches: int = 4):
-    """(module, [(input, target)], loss_fn(output, target)) on the CPU, seed 0."""
+def build(model: str, shapes: dict, variant: str, n_batches: int = 4):
+    """(module, [(input, target)], loss_fn(output, target)) on the CPU, seed 0;
+    the module converted to fp8 for an fp8 variant (delayed scaling, its fast
+    accumulation)."""
+    net, batches, loss_fn = _build(model, shapes, n_batches)
+    if variant in FAST:
+        from xla_amp import fp8
+        fp8.convert(net, fp8.Fp8Recipe(scaling="delayed", keep=KEEP[model],
+                                       fast_accumulation=FAST[variant]))
+    return net, batches, loss_fn
+
+
+def _build(model: str, shapes: dict, n_batches: int):
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -116,11 +127,7 @@ class TorchaxVariant:
         import jax
         import optax
         import xla_amp.torchax as xt
-        from xla_amp import fp8
-        net, batches, self.loss_fn = build(model, (SMOKE if args.smoke else FULL)[model])
-        if variant in FAST:
-            fp8.convert(net, fp8.Fp8Recipe(scaling="delayed", keep=KEEP[model],
-                                           fast_accumulation=FAST[variant]))
+        net, batches, self.loss_fn = build(model, (SMOKE if args.smoke else FULL)[model], variant)
         self.step = xt.make_train_step(net, self.loss_fn, optax.adamw(args.lr), policy="tpu")
         self.batches = [self.step.place_batch(*b) for b in batches]
         self.block = jax.block_until_ready
@@ -156,10 +163,7 @@ class TorchXlaVariant:
         import xla_amp
         from xla_amp import fp8, syncfree
         self.dev = torch_xla.device()
-        net, batches, self.loss_fn = build(model, (SMOKE if args.smoke else FULL)[model])
-        if variant in FAST:
-            fp8.convert(net, fp8.Fp8Recipe(scaling="delayed", keep=KEEP[model],
-                                           fast_accumulation=FAST[variant]))
+        net, batches, self.loss_fn = build(model, (SMOKE if args.smoke else FULL)[model], variant)
         self.net = net.to(self.dev)
         self.opt = syncfree.AdamW(self.net.parameters(), lr=args.lr)
         if variant in FAST:
