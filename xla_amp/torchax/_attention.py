@@ -5,7 +5,7 @@
 Measured on an H200 (docs/gpu.md): the 6 x 768 LM's xla_amp bf16 step 10.58
 -> 8.27 ms (1.48x ``torch.compile`` AMP), losses within 0.01 %.
 
-    fused(env, backend, func, args, kwargs):
+    fused(env, backend, args, kwargs):       (a call of one of SDPA)
         (the call as the region passes it on: its inputs cast where the policy
         puts attention in a category, as they come where it does not -- the
         tpu rules, whose q, k, v are the low-dtype linears' outputs)
@@ -64,14 +64,12 @@ def run(top, original, func, args, kwargs):
     on the environment of torchax's dispatch `original`; else None."""
     if not top.fused_attention or func not in SDPA:
         return None
-    out = fused(_hook.environment_of(original), top.backend, func, args, kwargs)
+    out = fused(_hook.environment_of(original), top.backend, args, kwargs)
     return None if out is NotImplemented else out
 
 
-def fused(env, backend: str, func, args, kwargs):
-    """The attention by jax.nn.dot_product_attention, or NotImplemented."""
-    if func not in SDPA:
-        return NotImplemented
+def fused(env, backend: str, args, kwargs):
+    """A call of one of SDPA by jax.nn.dot_product_attention, or NotImplemented."""
     call = _bound(args, kwargs or {})
     if (call is None or not {"query", "key", "value"} <= call.keys()
             or call.get("attn_mask") is not None or call.get("dropout_p", 0.0)):
