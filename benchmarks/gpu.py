@@ -232,8 +232,8 @@ def main(argv=None) -> None:
     common += ["--smoke"] if args.smoke else []
     results, t0 = {}, time.perf_counter()
     jobs = [("native", None), ("torchax", None)]
-    jobs += [(f"flags:{i}", f) for i, f in enumerate(filter(None, args.flag_sets.split(";")))]
     jobs += [("unfused-attention", None)] if args.unfused_attention else []
+    jobs += [(f"flags:{i}", f) for i, f in enumerate(filter(None, args.flag_sets.split(";")))]
     for kind, flags in [(k, f) for k, f in jobs if variants(k, args.only)]:
         env = dict(os.environ)
         if flags:

@@ -3,6 +3,8 @@
 # checkout's root with results under $OUT (default build/lent-gpu):
 #
 #   bash benchmarks/lent_gpu.sh            # BUDGET=540 seconds in all
+#   PARTS=fp8-mlp,gpu-lm bash benchmarks/lent_gpu.sh   # only those parts
+#   FLAG_SETS="A;B" ...                    # gpu-lm's XLA_FLAGS sets to try
 #
 # Parts, most wanted first, each under its own cap and what is left of the
 # budget (a part that overruns is cut; the next still runs; parts.log says
@@ -32,6 +34,9 @@ start=$SECONDS
 part() {  # NAME CAP COMMAND...
   local name=$1 cap=$2 left t s rc
   shift 2
+  if [[ ",${PARTS:-composites,fp8-probe,fp8-mlp,gpu-lm,fp8-gpt2}," != *",$name,"* ]]; then
+    return
+  fi
   left=$(( BUDGET - (SECONDS - start) ))
   t=$(( cap < left ? cap : left ))
   if (( t < 30 )); then
@@ -68,8 +73,8 @@ echo "fp8 XLA flags: '${FLAGS}'" >> "$OUT/parts.log"
 
 part fp8-mlp 170 $PY -m benchmarks.fp8_gpu --engines torchax --models mlp \
   --variants bf16,fp8,fp8-fast-all --xla-flags="$FLAGS" --out "$OUT/fp8-mlp"
-part gpu-lm 170 $PY -m benchmarks.gpu --only fp16,bf16,eager-amp,compile-amp --unfused-attention \
-  --steps 30 --rounds 3 --out "$OUT/gpu-lm"
+part gpu-lm 300 $PY -m benchmarks.gpu --only fp16,bf16,eager-amp,compile-amp --unfused-attention \
+  --flag-sets="${FLAG_SETS:-}" --steps 30 --rounds 3 --out "$OUT/gpu-lm"
 part fp8-gpt2 150 $PY -m benchmarks.fp8_gpu --engines torchax --models gpt2 \
   --variants bf16,fp8 --rounds 5 --xla-flags="$FLAGS" --out "$OUT/fp8-gpt2"
 echo "total $(( SECONDS - start )) s" >> "$OUT/parts.log"
