@@ -6,7 +6,8 @@
 #   PARTS=fp8-mlp,gpu-lm bash benchmarks/lent_gpu.sh   # only those parts
 #   FLAG_SETS="A;B" ...                    # gpu-lm's XLA_FLAGS sets to try
 #
-# Parts, most wanted first, each under its own cap and what is left of the
+# Everything comes back as $OUT/parts.log, $OUT/host.txt and $OUT/results.tgz
+# (the parts' logs and result folders). Parts, most wanted first, each under its own cap and what is left of the
 # budget (a part that overruns is cut; the next still runs; parts.log says
 # what each took and its exit status):
 #   composites  scripts/record_cuda_autocast.py: torch.autocast("cuda")'s
@@ -17,6 +18,8 @@
 #               when it compiles 3x faster
 #   fp8-mlp     benchmarks/fp8_gpu.py on the MLP: bf16, fp8 (fast
 #               accumulation in the forward GEMM only) and fp8-fast-all
+#   fp8-profile benchmarks/fp8_profile.py: the MLP's bf16 and fp8 steps under
+#               jax.profiler, kernels by name (where fp8's time goes)
 #   gpu-lm      benchmarks/gpu.py: xla_amp fp16/bf16 (attention through cuDNN's
 #               fused kernel) against torch.compile and eager AMP, and with
 #               torchax's unfused attention (--unfused-attention)
@@ -34,7 +37,7 @@ start=$SECONDS
 part() {  # NAME CAP COMMAND...
   local name=$1 cap=$2 left t s rc
   shift 2
-  if [[ ",${PARTS:-composites,fp8-probe,fp8-mlp,gpu-lm,fp8-gpt2}," != *",$name,"* ]]; then
+  if [[ ",${PARTS:-composites,fp8-probe,fp8-mlp,fp8-profile,gpu-lm,fp8-gpt2}," != *",$name,"* ]]; then
     return
   fi
   left=$(( BUDGET - (SECONDS - start) ))
@@ -62,9 +65,10 @@ part composites 90 $PY -m scripts.record_cuda_autocast --out "$OUT/cuda_autocast
 
 part fp8-probe 60 $PY -m benchmarks.fp8_gpu --worker probe
 FLAGS=$($PY - "$OUT/fp8-probe.log" <<'PYEOF'
-import json, sys
+import json, os, sys
 # the probe's RESULT line; without one (cut or failed) Triton GEMMs go off
-res = [json.loads(l[len("RESULT "):]) for l in open(sys.argv[1]) if l.startswith("RESULT ")]
+res = [json.loads(l[len("RESULT "):]) for l in open(sys.argv[1]) if l.startswith("RESULT ")] \
+    if os.path.exists(sys.argv[1]) else []
 slow = not res or res[0]["defaults"]["compile_s"] > 3 * res[0]["triton_gemm_off"]["compile_s"]
 print("--xla_gpu_enable_triton_gemm=false" if slow else "")
 PYEOF
@@ -73,8 +77,14 @@ echo "fp8 XLA flags: '${FLAGS}'" >> "$OUT/parts.log"
 
 part fp8-mlp 170 $PY -m benchmarks.fp8_gpu --engines torchax --models mlp \
   --variants bf16,fp8,fp8-fast-all --xla-flags="$FLAGS" --out "$OUT/fp8-mlp"
+part fp8-profile 120 $PY -m benchmarks.fp8_profile --variants bf16,fp8 --out "$OUT/fp8-profile"
 part gpu-lm 300 $PY -m benchmarks.gpu --only fp16,bf16,eager-amp,compile-amp --unfused-attention \
   --flag-sets="${FLAG_SETS:-}" --steps 30 --rounds 3 --out "$OUT/gpu-lm"
 part fp8-gpt2 150 $PY -m benchmarks.fp8_gpu --engines torchax --models gpt2 \
   --variants bf16,fp8 --rounds 5 --xla-flags="$FLAGS" --out "$OUT/fp8-gpt2"
 echo "total $(( SECONDS - start )) s" >> "$OUT/parts.log"
+# The device tool brings back 8 files: everything but these two travels as one archive
+(cd "$OUT" && tar czf /tmp/lent-gpu-results.tgz --exclude=parts.log --exclude=host.txt . \
+  && mv /tmp/lent-gpu-results.tgz results.tgz && find . -mindepth 1 -maxdepth 1 ! -name results.tgz ! -name parts.log ! -name host.txt \
+     -exec rm -rf {} +)
+cat "$OUT/parts.log"

@@ -28,7 +28,10 @@ class Block(_gpt.Block):
 
 LAYOUT = {"bitcast", "broadcast", "copy", "reshape", "transpose", "slice", "all-gather",
           "all-to-all", "collective-permute", "bitcast-convert"}
-_INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\S+?(?:\{[^}]*\})?) ([\w\-]+)\((.*?)\)(.*)$")
+# the type: one array type, or a tuple of them ("(bf16[..]{1,0}, s8[..]{0})": a
+# cuBLAS custom-call's result and workspace in an optimized XLA:GPU program)
+_INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\([^()]*\)|\S+?(?:\{[^}]*\})?) "
+                    r"([\w\-]+)\((.*?)\)(.*)$")
 
 
 def parse(hlo: str) -> dict[str, tuple[str, str, list[str], str]]:

@@ -1,0 +1,123 @@
+"""Where an fp8 step's time goes on a GPU (issue #50): kernels by name, per step.
+
+    python -m benchmarks.fp8_profile [--model mlp] [--variants bf16,fp8]
+                                     [--steps 5] [--out DIR] [--smoke]
+
+For each variant of benchmarks/fp8_gpu.py (the same models, weights and
+steps: xla_amp.torchax.make_train_step, policy tpu), one process compiles the
+step, runs 3 steps, then traces --steps more under jax.profiler and sums the
+device's events by kernel name (jax.profiler.ProfileData over the trace's
+xplane). It writes DIR/fp8_profile.json (every kernel: calls and ms per
+step), DIR/fp8_profile.md (the top 25 per variant and the total by kind:
+GEMMs, fusions, copies/transposes, other) and DIR/<variant>_optimized.hlo.gz
+(the optimized program, to read which fusion a kernel is). On XLA:CPU
+(--smoke) the "device" is the host's XLA ops: a check of the script.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import sys
+import tempfile
+
+from benchmarks import _harness as H
+from benchmarks import fp8_gpu
+
+
+def kind(name: str) -> str:
+    n = name.lower()
+    if "gemm" in n or "cublas" in n or "matmul" in n or "sm90_xmma" in n or "cutlass" in n:
+        return "gemm"
+    if "transpose" in n or "copy" in n:
+        return "copy/transpose"
+    if "fusion" in n or "reduce" in n or "loop_" in n or "input_" in n:
+        return "fusion"
+    return "other"
+
+
+def device_events(xplane: str) -> dict:
+    """{kernel name: [calls, total ns]} over the device planes of one trace."""
+    import jax
+    data = jax.profiler.ProfileData.from_file(xplane)
+    planes = [p for p in data.planes if p.name.startswith("/device:")]
+    if not planes:  # XLA:CPU: the host plane's XLA ops
+        planes = [p for p in data.planes if p.name.startswith("/host:")]
+    out = collections.defaultdict(lambda: [0, 0.0])
+    for plane in planes:
+        for line in plane.lines:
+            if plane.name.startswith("/device:") and "stream" not in line.name.lower() \
+                    and "kernel" not in line.name.lower():
+                continue  # XLA op / module lines repeat the kernels' time
+            for ev in line.events:
+                out[ev.name][0] += 1
+                out[ev.name][1] += ev.duration_ns
+    return dict(out)
+
+
+def profile(model: str, variant: str, args) -> dict:
+    import jax
+    v = fp8_gpu.TorchaxVariant(model, variant, args)
+    v.compile()
+    with gzip.open(os.path.join(args.out, f"{variant}_optimized.hlo.gz"), "wt") as f:
+        f.write(v.step.lower(*v.batches[0]).compile().as_text())
+    v.run(3)
+    v.wait()
+    with tempfile.TemporaryDirectory() as d:
+        jax.profiler.start_trace(d)
+        v.run(args.steps)
+        v.wait()
+        jax.profiler.stop_trace()
+        traces = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
+        events = device_events(traces[0])
+    per_step = {n: {"calls": c / args.steps, "ms": ns / 1e6 / args.steps}
+                for n, (c, ns) in sorted(events.items(), key=lambda kv: -kv[1][1])}
+    kinds = collections.Counter()
+    for n, r in per_step.items():
+        kinds[kind(n)] += r["ms"]
+    return {"kernels": per_step, "by_kind_ms": dict(kinds), "total_ms": sum(kinds.values())}
+
+
+def report(results: dict) -> str:
+    rows = []
+    for variant, r in results.items():
+        rows += [f"### {variant}: {r['total_ms']:.2f} ms of kernels per step", "",
+                 "| kind | ms/step |", "|---|---|"]
+        rows += [f"| {k} | {ms:.2f} |" for k, ms in sorted(r["by_kind_ms"].items())]
+        rows += ["", "| kernel | calls/step | ms/step |", "|---|---|---|"]
+        rows += [f"| `{n[:90]}` | {k['calls']:.1f} | {k['ms']:.3f} |"
+                 for n, k in list(r["kernels"].items())[:25]]
+        rows.append("")
+    return "\n".join(rows)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="mlp")
+    ap.add_argument("--variants", default="bf16,fp8")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--lr", type=float, default=3e-5)
+    ap.add_argument("--out", default=os.environ.get("OUT") or "build")
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--worker", default="", help="VARIANT (internal)")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    if args.worker:
+        H.print_result(profile(args.model, args.worker, args))
+        return
+    results = {}
+    common = ["--model", args.model, "--steps", str(args.steps), "--lr", str(args.lr),
+              "--out", args.out] + (["--smoke"] if args.smoke else [])
+    for variant in args.variants.split(","):  # one process each: one trace each
+        results[variant] = H.run_worker("benchmarks.fp8_profile", ["--worker", variant, *common],
+                                        variant, stream_stderr=True)
+        print(variant, f"{results[variant]['total_ms']:.2f} ms", json.dumps(
+            results[variant]["by_kind_ms"]), file=sys.stderr, flush=True)
+    H.write_results(args.out, "fp8_profile", results, report(results))
+
+
+if __name__ == "__main__":
+    main()
