@@ -18,6 +18,9 @@
 #               when it compiles 3x faster
 #   fp8-mlp     benchmarks/fp8_gpu.py on the MLP: bf16, fp8 (fast
 #               accumulation in the forward GEMM only) and fp8-fast-all
+#   fp8-forms   benchmarks/fp8_forms.py: one scaled fp8 GEMM of the MLP's
+#               shapes in four forms (a float32 or a bf16 result, the scales
+#               on the result or as cuBLASLt's operands) against bf16
 #   fp8-profile benchmarks/fp8_profile.py: the MLP's bf16 and fp8 steps under
 #               jax.profiler, kernels by name (where fp8's time goes)
 #   gpu-lm      benchmarks/gpu.py: xla_amp fp16/bf16 (attention through cuDNN's
@@ -37,7 +40,7 @@ start=$SECONDS
 part() {  # NAME CAP COMMAND...
   local name=$1 cap=$2 left t s rc
   shift 2
-  if [[ ",${PARTS:-composites,fp8-probe,fp8-mlp,fp8-profile,gpu-lm,fp8-gpt2}," != *",$name,"* ]]; then
+  if [[ ",${PARTS:-composites,fp8-probe,fp8-mlp,fp8-forms,fp8-profile,gpu-lm,fp8-gpt2}," != *",$name,"* ]]; then
     return
   fi
   left=$(( BUDGET - (SECONDS - start) ))
@@ -77,6 +80,7 @@ echo "fp8 XLA flags: '${FLAGS}'" >> "$OUT/parts.log"
 
 part fp8-mlp 170 $PY -m benchmarks.fp8_gpu --engines torchax --models mlp \
   --variants bf16,fp8,fp8-fast-all --xla-flags="$FLAGS" --out "$OUT/fp8-mlp"
+part fp8-forms 90 $PY -m benchmarks.fp8_forms --out "$OUT/fp8-forms"
 part fp8-profile 120 $PY -m benchmarks.fp8_profile --variants bf16,fp8 --out "$OUT/fp8-profile"
 part gpu-lm 300 $PY -m benchmarks.gpu --only fp16,bf16,eager-amp,compile-amp --unfused-attention \
   --flag-sets="${FLAG_SETS:-}" --steps 30 --rounds 3 --out "$OUT/gpu-lm"
