@@ -17,7 +17,8 @@
 #               and with Triton GEMMs off: the flag the fp8 parts then use
 #               when it compiles 3x faster
 #   fp8-mlp     benchmarks/fp8_gpu.py on the MLP: bf16, fp8 (fast
-#               accumulation in the forward GEMM only) and fp8-fast-all
+#               accumulation in the forward GEMM only), fp8-bf16-out
+#               (Fp8Recipe(gemm_output="bfloat16")) and fp8-fast-all
 #   fp8-forms   benchmarks/fp8_forms.py: one scaled fp8 GEMM of the MLP's
 #               shapes in four forms (a float32 or a bf16 result, the scales
 #               on the result or as cuBLASLt's operands) against bf16
@@ -79,7 +80,7 @@ PYEOF
 echo "fp8 XLA flags: '${FLAGS}'" >> "$OUT/parts.log"
 
 part fp8-mlp 170 $PY -m benchmarks.fp8_gpu --engines torchax --models mlp \
-  --variants bf16,fp8,fp8-fast-all --xla-flags="$FLAGS" --out "$OUT/fp8-mlp"
+  --variants bf16,fp8,fp8-bf16-out,fp8-fast-all --xla-flags="$FLAGS" --out "$OUT/fp8-mlp"
 part fp8-forms 90 $PY -m benchmarks.fp8_forms --out "$OUT/fp8-forms"
 part fp8-profile 120 $PY -m benchmarks.fp8_profile --variants bf16,fp8 --out "$OUT/fp8-profile"
 part gpu-lm 300 $PY -m benchmarks.gpu --only fp16,bf16,eager-amp,compile-amp --unfused-attention \

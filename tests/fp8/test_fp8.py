@@ -20,31 +20,43 @@ import xla_amp
 from xla_amp import fp8
 from xla_amp.fp8 import _quant
 
-from tests.support.fp8 import Block, dequantized, dots, fp8_dot
+from tests.support.fp8 import Block, ResultTypes, dequantized, dots, fp8_dot
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
 
-def _step_hlo(device, recipe, policy="tpu"):
+def _step_hlo(device, recipe, policy="tpu", results=None):
     torch.manual_seed(0)
     model = fp8.convert(Block().to(device), recipe)
+    types = ResultTypes(model)
     x = torch.randn(2, 16, 32, device=device)
     with xla_amp.autocast(device, policy=policy):
         loss = model(x).float().pow(2).mean()
     loss.backward()
+    if results is not None:
+        results.extend(types.want)
     return torch_xla._XLAC._get_xla_tensors_hlo([loss] + [p.grad for p in model.parameters()])
 
 
 @pytest.mark.parametrize("policy", ["tpu", "cuda"])
 @pytest.mark.parametrize("recipe", [fp8.Fp8Recipe(), fp8.Fp8Recipe(scaling="delayed"),
-                                    fp8.Fp8Recipe(format="e4m3", power_of_two=True)],
-                         ids=["dynamic_hybrid", "delayed", "e4m3_pow2"])
+                                    fp8.Fp8Recipe(format="e4m3", power_of_two=True),
+                                    fp8.Fp8Recipe(gemm_output="bfloat16")],
+                         ids=["dynamic_hybrid", "delayed", "e4m3_pow2", "bf16_out"])
 def test_every_converted_matmul_is_a_dot_on_float8_operands(device, recipe, policy):
-    entries = dots(_step_hlo(device, recipe, policy))
+    want = []
+    entries = dots(_step_hlo(device, recipe, policy, want))
     found = [d for d in entries if fp8_dot(d)]
     # 4 layers x (forward, input gradient, weight gradient)
     assert len(found) == 12, entries
-    assert all(d[2] == "f32" for d in found), found  # the wide result the scales apply to
+    # the wide result the scales apply to: float32, or bfloat16 where the
+    # recipe asks for it and the result goes to bfloat16 (the tpu rules'
+    # outputs; never under the cuda rules' float16)
+    assert sorted(d[2] for d in found) == sorted(want), (found, want)
+    if recipe.gemm_output == "float32" or policy == "cuda":
+        assert want.count("bf16") == 0, want
+    else:  # at least each layer's forward (its output is the region's bfloat16)
+        assert want.count("bf16") >= 4, want
     e5m2 = sum(d[1][0] == "f8e5m2" for d in found)  # the gradient is the lhs of both
     assert e5m2 == (8 if recipe.format == "hybrid" else 0)
     assert not any(d[1] == ("f8e5m2", "f8e5m2") for d in found)
@@ -105,6 +117,42 @@ def test_forward_and_gradients_equal_a_float64_reference(device, recipe):
     for got, ref in ((y, y_ref), (xd.grad, gx_ref), (layer[0].weight.grad, gw_ref)):
         torch.testing.assert_close(got.cpu().double(), ref, rtol=0,
                                    atol=1e-6 * ref.abs().max().item())
+
+
+def test_a_bfloat16_gemm_output_equals_its_manual_control(device):
+    """Fp8Recipe(gemm_output="bfloat16") on a bfloat16 input: the forward and
+    input-gradient GEMMs return bfloat16 and take one bfloat16 factor,
+    (1/sa)(1/sb) rounded, bit for bit the same ops written by hand; the
+    weight's (float32) gradient keeps the float32 form; all within
+    bfloat16's rounding of the float64 reference."""
+    recipe = fp8.Fp8Recipe(gemm_output="bfloat16")
+    torch.manual_seed(0)
+    x, w, g = torch.randn(16, 32), torch.randn(48, 32) * 0.1, torch.randn(16, 48) * 1e-3
+    layer = fp8.convert(nn.Sequential(nn.Linear(32, 48, bias=False)), recipe).to(device)
+    with torch.no_grad():
+        layer[0].weight.copy_(w.to(device))
+    xd = x.to(device).bfloat16().requires_grad_()
+    y = layer(xd)
+    y.backward(g.to(device).bfloat16())
+    assert (y.dtype, xd.grad.dtype, layer[0].weight.grad.dtype) == (
+        torch.bfloat16, torch.bfloat16, torch.float32)
+    fx, fw, fg = recipe.dtypes()
+    sx, sw, sg = layer[0].fp8_scale.cpu().unbind()
+    # the control, on the device: the same quantization, dots and factor
+    q = {n: _quant.quantize(t.to(device), s.to(device), f) for n, t, s, f in (
+        ("x", x.bfloat16(), sx, fx), ("w", w, sw, fw), ("g", g.bfloat16(), sg, fg))}
+
+    def factor(a, b):
+        return (torch.reciprocal(a) * torch.reciprocal(b)).to(device).bfloat16()
+    y_want = torch.ops.xla_amp.fp8_dot(q["x"], q["w"], 1, 1, torch.bfloat16) * factor(sx, sw)
+    gx_want = torch.ops.xla_amp.fp8_dot(q["g"], q["w"], 1, 0, torch.bfloat16) * factor(sg, sw)
+    for got, want in ((y, y_want), (xd.grad, gx_want)):
+        assert torch.equal(got.cpu().view(torch.int16), want.cpu().view(torch.int16))
+    _, y_ref, gx_ref, gw_ref = _reference(x.bfloat16().float(), w, g.bfloat16().float(), recipe)
+    for got, ref, tol in ((y, y_ref, 2 ** -7), (xd.grad, gx_ref, 2 ** -7),
+                          (layer[0].weight.grad, gw_ref, 1e-6)):
+        torch.testing.assert_close(got.cpu().double(), ref, rtol=0,
+                                   atol=tol * ref.abs().max().item())
 
 
 def test_saturation_clamps_never_nan(device):
@@ -214,6 +262,7 @@ def _same(a, b):
     ({"amax_history_len": 0}, "amax_history_len must be >= 1"),
     ({"margin": -1}, "margin must be >= 0"),
     ({"keep": "head"}, "keep must be a tuple"),
+    ({"gemm_output": "float16"}, "gemm_output must be one of float32, bfloat16"),
 ])
 def test_bad_recipes(kwargs, match):
     with pytest.raises(ValueError, match=match):

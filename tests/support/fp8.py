@@ -115,6 +115,27 @@ def precisions(hlo: str) -> dict[str, str]:
     return out
 
 
+_HLO_TYPES = {"torch.float32": "f32", "torch.bfloat16": "bf16", "torch.float16": "f16"}
+
+
+class ResultTypes:
+    """The result type each converted GEMM's dot must have, from the layers'
+    own calls and recipes (Fp8Recipe.result_dtype of the GEMM's destination:
+    the output, the input's gradient, the weight's gradient): attach before
+    the step runs, then compare `sorted(want)` with the fp8 dots' results."""
+
+    def __init__(self, model):
+        from xla_amp.fp8 import Fp8Linear
+        self.want: list[str] = []
+        for m in model.modules():
+            if isinstance(m, Fp8Linear):
+                m.register_forward_hook(self._hook)
+
+    def _hook(self, layer, args, out):
+        self.want += [_HLO_TYPES[str(layer.recipe.result_dtype(d))]
+                      for d in (out.dtype, args[0].dtype, layer.weight.dtype)]
+
+
 def dequantized(entries) -> list:
     """The dots fed a widened float8 value: must be none."""
     return [e for e in entries if e[3]]

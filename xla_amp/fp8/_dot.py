@@ -10,6 +10,9 @@ applied to that result. So every converted matmul is::
     dot(a_f8, b_f8, contract=(i, j)) -> float32        (this module)
     * (1 / s_a) * (1 / s_b)                            (_quant.unscale)
 
+or, with Fp8Recipe(gemm_output="bfloat16") where the result goes to a
+bfloat16 tensor, ``dot(...) -> bfloat16`` times one bfloat16 factor.
+
 `fast` (the recipe's fast_accumulation for this GEMM) is the dot's precision:
 XLA:GPU gives a float8 dot at DEFAULT precision cuBLASLt's fast accumulation
 and one at HIGHEST the split accumulator (partial sums promoted to float32).
@@ -45,8 +48,9 @@ _dots: dict = {}
 
 
 def register_dot(device_type: str, dot, supports=None) -> None:
-    """`dot(a, b, ca, cb, fast)`: float32 result of contracting a's dim ca with
-    b's dim cb, on the float8 tensors themselves, accumulating fast or not;
+    """`dot(a, b, ca, cb, fast, out)`: the `out`-typed (float32 or bfloat16)
+    result of contracting a's dim ca with b's dim cb, on the float8 tensors
+    themselves, accumulating fast or not;
     `supports(da, db)`: whether the backend can compile such a dot (None:
     always)."""
     _dots[device_type] = (dot, supports)
@@ -58,26 +62,28 @@ def _contracted_shape(a, b, ca: int, cb: int) -> list[int]:
 
 
 @torch.library.custom_op("xla_amp::fp8_dot", mutates_args=())
-def fp8_dot(a: torch.Tensor, b: torch.Tensor, ca: int, cb: int) -> torch.Tensor:
-    """a · b contracting a's dim `ca` with b's dim `cb`, float32 result."""
+def fp8_dot(a: torch.Tensor, b: torch.Tensor, ca: int, cb: int,
+            out: torch.dtype = torch.float32) -> torch.Tensor:
+    """a · b contracting a's dim `ca` with b's dim `cb`, an `out` result."""
     if a.device.type == "xla":
         from torch_xla import _XLAC
         return _XLAC._xla_dot_general(a, b, (([ca], [cb]), ([], [])),
-                                      preferred_element_type=torch.float32)
-    return torch.tensordot(a.float(), b.float(), dims=([ca], [cb]))
+                                      preferred_element_type=out)
+    return torch.tensordot(a.float(), b.float(), dims=([ca], [cb])).to(out)
 
 
 @fp8_dot.register_fake
-def _(a, b, ca, cb):
-    return a.new_empty(_contracted_shape(a, b, ca, cb), dtype=torch.float32)
+def _(a, b, ca, cb, out=torch.float32):
+    return a.new_empty(_contracted_shape(a, b, ca, cb), dtype=out)
 
 
-def dot(a: torch.Tensor, b: torch.Tensor, ca: int, cb: int, fast: bool) -> torch.Tensor:
+def dot(a: torch.Tensor, b: torch.Tensor, ca: int, cb: int, fast: bool,
+        out: torch.dtype = torch.float32) -> torch.Tensor:
     """The engine's dot on float8 operands (see the module docstring)."""
     entry = _dots.get(a.device.type)
     if entry is not None:
-        return entry[0](a, b, ca, cb, fast)
-    return torch.ops.xla_amp.fp8_dot(a, b, ca, cb)
+        return entry[0](a, b, ca, cb, fast, out)
+    return torch.ops.xla_amp.fp8_dot(a, b, ca, cb, out)
 
 
 def eligible(m: int, k: int, n: int, pairs, device_type: str) -> str | None:

@@ -5,8 +5,9 @@
               dw = dot(q(g)^T, q(x)) / (sg sx)           or e4m3
 
 q is _quant.quantize (tensorwise scales); dot is _dot.dot, a dot on the
-float8 values with a float32 result, which XLA:GPU turns into cuBLASLt's fp8
-GEMM (docs/fp8.md: what the H100 showed). The op runs with autocast off; its
+float8 values with a float32 result (or, Fp8Recipe.gemm_output "bfloat16",
+a bfloat16 one where the result goes to bfloat16: scaled_gemm), which
+XLA:GPU turns into cuBLASLt's fp8 GEMM (docs/fp8.md: what the H100 showed). The op runs with autocast off; its
 output takes the autocast dtype when a region is open, else the input's. The
 backward keeps the float8 x and w (half bf16's bytes).
 
@@ -63,8 +64,16 @@ def _records() -> bool:
     return not torch.compiler.is_compiling()
 
 
-def forward_impl(x, weight, bias, module, record: bool):
-    """y (float32, [..., out]) and what the backward keeps, (xq, wq, sx, sw,
+def scaled_gemm(recipe, gemm: str, a, b, ca: int, cb: int, sa, sb, destination):
+    """dot(a, b) / (sa sb) on the float8 operands, for a result that goes to
+    `destination`: float32, or bfloat16 where the recipe's gemm_output says so."""
+    out = recipe.result_dtype(destination)
+    y = _dot.dot(a, b, ca, cb, recipe.fast(gemm), out)
+    return _quant.unscale(y, sa, sb) if out == torch.float32 else _quant.unscale_as(y, sa, sb)
+
+
+def forward_impl(x, weight, bias, module, record: bool, out_dtype):
+    """y ([..., out], `out_dtype`) and what the backward keeps, (xq, wq, sx, sw,
     g's scale in force): the backward reads no buffer (on torchax it is
     traced after the forward's parameters and buffers are gone).
     `record`: write the module's buffers (delayed scaling's pending amaxes,
@@ -88,12 +97,11 @@ def forward_impl(x, weight, bias, module, record: bool):
              module.fp8_stats[G]]))
         if recipe.scaling == "dynamic":
             module.fp8_scale.copy_(torch.stack([sx, sw, module.fp8_scale[G]]))
-    y = _quant.unscale(_dot.dot(xq.reshape(-1, x.shape[-1]), wq, 1, 1, recipe.fast("forward")),
-                       sx, sw)
+    y = scaled_gemm(recipe, "forward", xq.reshape(-1, x.shape[-1]), wq, 1, 1, sx, sw, out_dtype)
     if bias is not None:
-        y = y + bias.float()
-    return y.reshape(*x.shape[:-1], weight.shape[0]), (xq, wq, sx, sw,
-                                                       module.fp8_scale[G].clone())
+        y = y + bias.to(y.dtype)
+    return y.reshape(*x.shape[:-1], weight.shape[0]).to(out_dtype), (
+        xq, wq, sx, sw, module.fp8_scale[G].clone())
 
 
 def record_forward_amax(module, x, weight) -> None:
@@ -128,10 +136,10 @@ def backward_impl(saved, grad_out, module, dtypes, record: bool):
     if record:
         module.fp8_stats.copy_(torch.cat([module.fp8_stats[:G],
                                           _quant.stats(g, gq, sg, fg).reshape(1, 2)]))
-    grad_x = _quant.unscale(_dot.dot(gq, wq, 1, 0, recipe.fast("grad_input")),
-                            sg, sw).reshape(xq.shape).to(x_dtype)
-    grad_w = _quant.unscale(_dot.dot(gq, xq.reshape(-1, xq.shape[-1]), 0, 0,
-                                     recipe.fast("grad_weight")), sg, sx).to(w_dtype)
+    grad_x = scaled_gemm(recipe, "grad_input", gq, wq, 1, 0, sg, sw,
+                         x_dtype).reshape(xq.shape).to(x_dtype)
+    grad_w = scaled_gemm(recipe, "grad_weight", gq, xq.reshape(-1, xq.shape[-1]), 0, 0, sg, sx,
+                         w_dtype).to(w_dtype)
     # The clamp before the cast would turn an inf gradient into a finite one,
     # and the GradScaler would not skip: the non-finite amax goes on instead.
     grad_x = torch.where(finite, grad_x, ag.to(x_dtype))
@@ -143,14 +151,14 @@ def backward_impl(saved, grad_out, module, dtypes, record: bool):
 class _Fp8MatMul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, module):
+        out_dtype = (torch.get_autocast_dtype(x.device.type)
+                     if x.device.type == "xla" and torch.is_autocast_enabled("xla") else x.dtype)
         with _autocast_off(x.device.type):
-            y, saved = forward_impl(x, weight, bias, module, _records())
+            y, saved = forward_impl(x, weight, bias, module, _records(), out_dtype)
         ctx.save_for_backward(*saved)
         ctx.module = module
         ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
-        out_dtype = (torch.get_autocast_dtype(x.device.type)
-                     if x.device.type == "xla" and torch.is_autocast_enabled("xla") else x.dtype)
-        return y.to(out_dtype)
+        return y
 
     @staticmethod
     def backward(ctx, grad_out):

@@ -25,6 +25,17 @@ output gradient g)::
                    "none". A dot carries it as its precision: DEFAULT is
                    fast, HIGHEST is not (XLA:GPU's rule); other backends
                    compute both alike
+    gemm_output:   the result type of an fp8 GEMM whose destination is
+                   bfloat16 (the forward's output in a bf16 region or on a
+                   bf16 input, a bf16 input's or weight's gradient):
+                   "float32" (the dot returns float32; the two scales and
+                   the cast follow in one elementwise pass) or "bfloat16"
+                   (the dot returns bfloat16, then one multiply by the two
+                   scales combined into one bfloat16 factor, a multiply
+                   XLA:GPU may fold into cuBLASLt's call: no float32 result
+                   in memory. The factor rounds to bfloat16 unless
+                   power_of_two; a float16 or float32 destination keeps
+                   "float32": a float16 GEMM result overflows unscaled)
     keep:          modules left in high precision: nn.Module classes or
                    globs on qualified names (fnmatch), e.g. ("lm_head", "0")
 
@@ -41,6 +52,7 @@ FORMATS = ("hybrid", "e4m3")
 SCALINGS = ("dynamic", "delayed")
 AMAX_COMPUTE = ("max", "most_recent")
 FAST_ACCUMULATION = ("forward", "all", "none")
+GEMM_OUTPUTS = ("float32", "bfloat16")
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 ALIGN = 16  # fp8 GEMMs (cuBLASLt) need both matrix dimensions to be multiples of 16
 
@@ -57,11 +69,13 @@ class Fp8Recipe:
     power_of_two: bool = False
     keep: tuple = ()
     fast_accumulation: str = "forward"
+    gemm_output: str = "float32"
 
     def __post_init__(self):
         for name, allowed in (("scaling", SCALINGS), ("format", FORMATS),
                               ("amax_compute", AMAX_COMPUTE),
-                              ("fast_accumulation", FAST_ACCUMULATION)):
+                              ("fast_accumulation", FAST_ACCUMULATION),
+                              ("gemm_output", GEMM_OUTPUTS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"Fp8Recipe: {name} must be one of {', '.join(allowed)}, "
                                  f"got {getattr(self, name)!r}")
@@ -99,6 +113,12 @@ class Fp8Recipe:
         accumulate imprecisely."""
         return self.fast_accumulation == "all" or (self.fast_accumulation == "forward"
                                                    and gemm == "forward")
+
+    def result_dtype(self, destination: torch.dtype) -> torch.dtype:
+        """The dtype an fp8 GEMM returns when its result goes to `destination`."""
+        if self.gemm_output == "bfloat16" and destination == torch.bfloat16:
+            return torch.bfloat16
+        return torch.float32
 
     def dtypes(self) -> tuple[torch.dtype, torch.dtype, torch.dtype]:
         """(x, w, g) float8 types."""

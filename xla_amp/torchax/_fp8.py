@@ -102,8 +102,8 @@ def _vjp(layer, env, dtypes, out_dtype, x, w, b, probe):
 def _fwd(layer, env, dtypes, out_dtype, x, w, b, probe):
     def body():
         xt, wt, bt = env.j2t_iso((x, w, b))
-        y, saved = _linear.forward_impl(xt, wt, bt, layer, record=False)
-        return env.t2j_iso((y.to(out_dtype), saved))
+        y, saved = _linear.forward_impl(xt, wt, bt, layer, record=False, out_dtype=out_dtype)
+        return env.t2j_iso((y, saved))
     return _run(env, body)
 
 
@@ -123,14 +123,16 @@ def _dims(ca: int, cb: int):
     return (((ca,), (cb,)), ((), ()))
 
 
-def dot(a, b, ca: int, cb: int, fast: bool):
+def dot(a, b, ca: int, cb: int, fast: bool, out):
     """`_dot.dot` for torchax tensors: a dot on the float8 arrays themselves,
     at DEFAULT precision (XLA:GPU: fast accumulation) or HIGHEST (the split
-    accumulator); never a region's fp32 precision."""
+    accumulator); never a region's fp32 precision. `out`: the result's torch
+    dtype (float32 or bfloat16)."""
+    from torchax.ops.mappings import t2j_dtype
     precision = jax.lax.Precision.DEFAULT if fast else jax.lax.Precision.HIGHEST
-    out = jax.lax.dot_general(a.jax(), b.jax(), _dims(ca, cb), precision=precision,
-                              preferred_element_type=jnp.float32)
-    return _env(a).j2t_iso(out)
+    y = jax.lax.dot_general(a.jax(), b.jax(), _dims(ca, cb), precision=precision,
+                            preferred_element_type=t2j_dtype(out))
+    return _env(a).j2t_iso(y)
 
 
 @functools.lru_cache(maxsize=None)
