@@ -43,7 +43,21 @@ def _equal(a, b):
 def test_an_overflow_behind_fp8_layers_is_skipped(device, scaling, fmt, optimizer):
     """torch.optim: the GradScaler's masked step; fp8.attach's roll used to
     run on the skipped step anyway (the hook saw no found_inf)"""
-    recipe = fp8.Fp8Recipe(scaling=scaling, format=fmt, amax_history_len=4)
+    _overflow_is_skipped(device, fp8.Fp8Recipe(scaling=scaling, format=fmt, amax_history_len=4),
+                         optimizer, "cuda", 1e30)  # 1e30 overflows float16 in the backward
+
+
+@pytest.mark.parametrize("optimizer,scaling", [("syncfree", "delayed"), ("torch.optim", "dynamic")])
+def test_an_overflow_behind_bfloat16_gemm_outputs_is_skipped(device, optimizer, scaling):
+    """Fp8Recipe(gemm_output="bfloat16") under the tpu rules: the bf16 GEMM
+    results carry the non-finite gradient on as the float32 ones do."""
+    _overflow_is_skipped(device, fp8.Fp8Recipe(scaling=scaling, amax_history_len=4,
+                                               gemm_output="bfloat16"),
+                         optimizer, "tpu", float("inf"))
+
+
+def _overflow_is_skipped(device, recipe, optimizer, policy, factor):
+    scaling = recipe.scaling
     model = _mlp(recipe, device)
     opt = (syncfree.SGD if optimizer == "syncfree" else torch.optim.SGD)(
         model.parameters(), lr=0.1, momentum=0.9)
@@ -55,10 +69,10 @@ def test_an_overflow_behind_fp8_layers_is_skipped(device, scaling, fmt, optimize
     for step in range(4):
         if step == 2:
             before = _snapshot(model, opt)
-        with xla_amp.autocast(device, policy="cuda"):
+        with xla_amp.autocast(device, policy=policy):
             loss = nn.functional.mse_loss(model(x).float(), y)
         if step == 2:
-            loss = loss * 1e30  # overflows float16 in the backward
+            loss = loss * factor
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
