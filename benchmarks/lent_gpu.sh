@@ -2,38 +2,44 @@
 # One prepared command for a lent GPU (issues #50 and #51), run from the
 # checkout's root with results under $OUT (default build/lent-gpu):
 #
-#   bash benchmarks/lent_gpu.sh            # BUDGET=540 seconds in all
+#   bash benchmarks/lent_gpu.sh            # BUDGET=560 seconds in all
 #   PARTS=fp8-mlp,gpu-lm bash benchmarks/lent_gpu.sh   # only those parts
 #   FLAG_SETS="A;B" ...                    # gpu-lm's XLA_FLAGS sets to try
 #
 # Everything comes back as $OUT/parts.log, $OUT/host.txt and $OUT/results.tgz
-# (the parts' logs and result folders). Parts, most wanted first, each under its own cap and what is left of the
-# budget (a part that overruns is cut; the next still runs; parts.log says
-# what each took and its exit status):
-#   composites  scripts/record_cuda_autocast.py: torch.autocast("cuda")'s
-#               dtypes for every public function with a sample (the cuda
-#               rules' reference, tests/policies/cuda_autocast_dtypes.json)
-#   fp8-probe   one fp8 GEMM of the MLP's shape compiled with XLA's defaults
-#               and with Triton GEMMs off: the flag the fp8 parts then use
-#               when it compiles 3x faster
-#   fp8-mlp     benchmarks/fp8_gpu.py on the MLP: bf16, fp8 (fast
-#               accumulation in the forward GEMM only), fp8-bf16-out
-#               (Fp8Recipe(gemm_output="bfloat16")) and fp8-fast-all
+# (the parts' logs and result folders). Parts, most wanted first, each under
+# its own cap and what is left of the budget (a part that overruns is cut;
+# the next still runs; parts.log says what each took and its exit status).
+# By default:
+#   fp8-mlp     benchmarks/fp8_gpu.py on the MLP: bf16, fp8 (the default
+#               recipe), fp8-bf16-out (Fp8Recipe(gemm_output="bfloat16"))
+#               and fp8-fast-all, all with Triton GEMM fusions off (as
+#               make_train_step compiles fp8 steps on a GPU)
 #   fp8-forms   benchmarks/fp8_forms.py: one scaled fp8 GEMM of the MLP's
 #               shapes in four forms (a float32 or a bf16 result, the scales
 #               on the result or as cuBLASLt's operands) against bf16
 #   fp8-profile benchmarks/fp8_profile.py: the MLP's bf16 and fp8 steps under
 #               jax.profiler, kernels by name (where fp8's time goes)
-#   gpu-lm      benchmarks/gpu.py: xla_amp fp16/bf16 (attention through cuDNN's
-#               fused kernel) against torch.compile and eager AMP, and with
-#               torchax's unfused attention (--unfused-attention)
 #   fp8-gpt2    benchmarks/fp8_gpu.py on GPT-2 small: bf16 against fp8
+#   gpu-lm      benchmarks/gpu.py: xla_amp fp16/bf16 (attention through cuDNN's
+#               fused kernel) against torch.compile and eager AMP, with
+#               torchax's unfused attention (--unfused-attention), and the
+#               FLAG_SETS (default: XLA's exhaustive tiling search, the one
+#               autotuning set not yet measured; cut by the budget if its
+#               compile runs long)
+# Only when PARTS names them:
+#   composites  scripts/record_cuda_autocast.py: torch.autocast("cuda")'s
+#               dtypes for every public function with a sample (the cuda
+#               rules' reference, tests/policies/cuda_autocast_dtypes.json;
+#               recorded on an H200 with torch 2.11)
+#   fp8-probe   one fp8 GEMM of the MLP's shape compiled with XLA's defaults
+#               and with Triton GEMMs off (55.6 s against 0.11 s on an H200)
 # The lent image has neither torchax nor expecttest: their wheels are carried
 # in gpuwheels/ (pip download torchax==0.0.13 expecttest --no-deps -d
 # gpuwheels) and installed here.
 set -u
 OUT=${OUT:-build/lent-gpu}
-BUDGET=${BUDGET:-540}
+BUDGET=${BUDGET:-560}
 mkdir -p "$OUT"
 PY=$(command -v python || command -v python3)
 start=$SECONDS
@@ -41,7 +47,7 @@ start=$SECONDS
 part() {  # NAME CAP COMMAND...
   local name=$1 cap=$2 left t s rc
   shift 2
-  if [[ ",${PARTS:-composites,fp8-probe,fp8-mlp,fp8-forms,fp8-profile,gpu-lm,fp8-gpt2}," != *",$name,"* ]]; then
+  if [[ ",${PARTS:-fp8-mlp,fp8-forms,fp8-profile,fp8-gpt2,gpu-lm}," != *",$name,"* ]]; then
     return
   fi
   left=$(( BUDGET - (SECONDS - start) ))
@@ -65,29 +71,20 @@ done
 $PY -c "import torch, jax; print(torch.__version__, jax.__version__, jax.devices())" \
   >> "$OUT/host.txt" 2>&1
 
-part composites 90 $PY -m scripts.record_cuda_autocast --out "$OUT/cuda_autocast_dtypes.json"
-
-part fp8-probe 60 $PY -m benchmarks.fp8_gpu --worker probe
-FLAGS=$($PY - "$OUT/fp8-probe.log" <<'PYEOF'
-import json, os, sys
-# the probe's RESULT line; without one (cut or failed) Triton GEMMs go off
-res = [json.loads(l[len("RESULT "):]) for l in open(sys.argv[1]) if l.startswith("RESULT ")] \
-    if os.path.exists(sys.argv[1]) else []
-slow = not res or res[0]["defaults"]["compile_s"] > 3 * res[0]["triton_gemm_off"]["compile_s"]
-print("--xla_gpu_enable_triton_gemm=false" if slow else "")
-PYEOF
-)
-echo "fp8 XLA flags: '${FLAGS}'" >> "$OUT/parts.log"
-
+FLAGS=--xla_gpu_enable_triton_gemm=false  # both variants of each fp8 comparison alike
 part fp8-mlp 170 $PY -m benchmarks.fp8_gpu --engines torchax --models mlp \
   --variants bf16,fp8,fp8-bf16-out,fp8-fast-all --xla-flags="$FLAGS" --out "$OUT/fp8-mlp"
 part fp8-forms 90 $PY -m benchmarks.fp8_forms --out "$OUT/fp8-forms"
 part fp8-profile 120 $PY -m benchmarks.fp8_profile --variants bf16,fp8 --out "$OUT/fp8-profile"
-part gpu-lm 300 $PY -m benchmarks.gpu --only fp16,bf16,eager-amp,compile-amp --unfused-attention \
-  --flag-sets="${FLAG_SETS:-}" --steps 30 --rounds 3 --out "$OUT/gpu-lm"
 part fp8-gpt2 150 $PY -m benchmarks.fp8_gpu --engines torchax --models gpt2 \
-  --variants bf16,fp8 --rounds 5 --xla-flags="$FLAGS" --out "$OUT/fp8-gpt2"
+  --variants bf16,fp8,fp8-bf16-out --rounds 5 --xla-flags="$FLAGS" --out "$OUT/fp8-gpt2"
+part gpu-lm 300 $PY -m benchmarks.gpu --only fp16,bf16,eager-amp,compile-amp --unfused-attention \
+  --flag-sets="${FLAG_SETS:---xla_gpu_exhaustive_tiling_search=true}" --steps 30 --rounds 3 \
+  --out "$OUT/gpu-lm"
+part composites 90 $PY -m scripts.record_cuda_autocast --out "$OUT/cuda_autocast_dtypes.json"
+part fp8-probe 60 $PY -m benchmarks.fp8_gpu --worker probe
 echo "total $(( SECONDS - start )) s" >> "$OUT/parts.log"
+for f in "$OUT"/*/*.md; do [ -f "$f" ] && { echo "== $f"; cat "$f"; }; done  # the tables, on stdout too
 # The device tool brings back 8 files: everything but these two travels as one archive
 (cd "$OUT" && tar czf /tmp/lent-gpu-results.tgz --exclude=parts.log --exclude=host.txt . \
   && mv /tmp/lent-gpu-results.tgz results.tgz && find . -mindepth 1 -maxdepth 1 ! -name results.tgz ! -name parts.log ! -name host.txt \
