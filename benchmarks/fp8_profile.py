@@ -39,23 +39,30 @@ def kind(name: str) -> str:
     return "other"
 
 
-def device_events(xplane: str) -> dict:
-    """{kernel name: [calls, total ns]} over the device planes of one trace."""
+def device_events(xplane: str) -> tuple[dict, dict]:
+    """({kernel name: [calls, total ns]} over the device planes of one trace,
+    {"plane / line": events} of every line read or skipped: what to adjust
+    if a backend names its lines otherwise)."""
     import jax
     data = jax.profiler.ProfileData.from_file(xplane)
     planes = [p for p in data.planes if p.name.startswith("/device:")]
     if not planes:  # XLA:CPU: the host plane's XLA ops
         planes = [p for p in data.planes if p.name.startswith("/host:")]
     out = collections.defaultdict(lambda: [0, 0.0])
+    lines = {}
     for plane in planes:
         for line in plane.lines:
+            events = list(line.events)
+            lines[f"{plane.name} / {line.name}"] = len(events)
             if plane.name.startswith("/device:") and "stream" not in line.name.lower() \
                     and "kernel" not in line.name.lower():
                 continue  # XLA op / module lines repeat the kernels' time
-            for ev in line.events:
+            if line.name == "python":
+                continue  # the host's Python calls (XLA:CPU's trace)
+            for ev in events:
                 out[ev.name][0] += 1
                 out[ev.name][1] += ev.duration_ns
-    return dict(out)
+    return dict(out), lines
 
 
 def profile(model: str, variant: str, args) -> dict:
@@ -72,13 +79,14 @@ def profile(model: str, variant: str, args) -> dict:
         v.wait()
         jax.profiler.stop_trace()
         traces = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
-        events = device_events(traces[0])
+        events, lines = device_events(traces[0])
     per_step = {n: {"calls": c / args.steps, "ms": ns / 1e6 / args.steps}
                 for n, (c, ns) in sorted(events.items(), key=lambda kv: -kv[1][1])}
     kinds = collections.Counter()
     for n, r in per_step.items():
         kinds[kind(n)] += r["ms"]
-    return {"kernels": per_step, "by_kind_ms": dict(kinds), "total_ms": sum(kinds.values())}
+    return {"kernels": per_step, "by_kind_ms": dict(kinds), "total_ms": sum(kinds.values()),
+            "lines": lines}
 
 
 def report(results: dict) -> str:
