@@ -16,7 +16,7 @@
 #               and fp8-fast-all, all with Triton GEMM fusions off (as
 #               make_train_step compiles fp8 steps on a GPU)
 #   fp8-forms   benchmarks/fp8_forms.py: one scaled fp8 GEMM of the MLP's
-#               shapes in four forms (a float32 or a bf16 result, the scales
+#               shapes in five forms (a float32 or a bf16 result, the scales
 #               on the result or as cuBLASLt's operands) against bf16
 #   fp8-profile benchmarks/fp8_profile.py: the MLP's bf16 and fp8 steps under
 #               jax.profiler, kernels by name (where fp8's time goes)

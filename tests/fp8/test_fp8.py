@@ -121,10 +121,10 @@ def test_forward_and_gradients_equal_a_float64_reference(device, recipe):
 
 def test_a_bfloat16_gemm_output_equals_its_manual_control(device):
     """Fp8Recipe(gemm_output="bfloat16") on a bfloat16 input: the forward and
-    input-gradient GEMMs return bfloat16 and take one bfloat16 factor,
-    (1/sa)(1/sb) rounded, bit for bit the same ops written by hand; the
-    weight's (float32) gradient keeps the float32 form; all within
-    bfloat16's rounding of the float64 reference."""
+    input-gradient dots return bfloat16, scaled in float32 and cast, bit for
+    bit the same ops written by hand; the weight's (float32) gradient keeps
+    the float32 dot; all within bfloat16's rounding of the float64
+    reference."""
     recipe = fp8.Fp8Recipe(gemm_output="bfloat16")
     torch.manual_seed(0)
     x, w, g = torch.randn(16, 32), torch.randn(48, 32) * 0.1, torch.randn(16, 48) * 1e-3
@@ -137,16 +137,17 @@ def test_a_bfloat16_gemm_output_equals_its_manual_control(device):
     assert (y.dtype, xd.grad.dtype, layer[0].weight.grad.dtype) == (
         torch.bfloat16, torch.bfloat16, torch.float32)
     fx, fw, fg = recipe.dtypes()
-    sx, sw, sg = layer[0].fp8_scale.cpu().unbind()
-    # the control, on the device: the same quantization, dots and factor
-    q = {n: _quant.quantize(t.to(device), s.to(device), f) for n, t, s, f in (
+    sx, sw, sg = (s.to(device) for s in layer[0].fp8_scale.cpu().unbind())
+    # the control, on the device: the same quantization, dots, scales, cast
+    q = {n: _quant.quantize(t.to(device), s, f) for n, t, s, f in (
         ("x", x.bfloat16(), sx, fx), ("w", w, sw, fw), ("g", g.bfloat16(), sg, fg))}
 
-    def factor(a, b):
-        return (torch.reciprocal(a) * torch.reciprocal(b)).to(device).bfloat16()
-    y_want = torch.ops.xla_amp.fp8_dot(q["x"], q["w"], 1, 1, torch.bfloat16) * factor(sx, sw)
-    gx_want = torch.ops.xla_amp.fp8_dot(q["g"], q["w"], 1, 0, torch.bfloat16) * factor(sg, sw)
-    for got, want in ((y, y_want), (xd.grad, gx_want)):
+    def scaled(a, b, ca, cb, sa, sb):
+        dot = torch.ops.xla_amp.fp8_dot(a, b, ca, cb, torch.bfloat16)
+        assert dot.dtype == torch.bfloat16
+        return (dot.float() * torch.reciprocal(sa) * torch.reciprocal(sb)).bfloat16()
+    for got, want in ((y, scaled(q["x"], q["w"], 1, 1, sx, sw)),
+                      (xd.grad, scaled(q["g"], q["w"], 1, 0, sg, sw))):
         assert torch.equal(got.cpu().view(torch.int16), want.cpu().view(torch.int16))
     _, y_ref, gx_ref, gw_ref = _reference(x.bfloat16().float(), w, g.bfloat16().float(), recipe)
     for got, ref, tol in ((y, y_ref, 2 ** -7), (xd.grad, gx_ref, 2 ** -7),
@@ -327,13 +328,14 @@ def test_report_reads_scales_and_fractions_in_one_transfer(device):
         fp8.report(_mlp())
 
 
-@pytest.mark.parametrize("scaling", ["dynamic", "delayed"])
-def test_compiled_equals_lazy_bit_for_bit(device, scaling):
+@pytest.mark.parametrize("scaling,gemm_output", [("dynamic", "float32"), ("delayed", "float32"),
+                                                 ("dynamic", "bfloat16")])
+def test_compiled_equals_lazy_bit_for_bit(device, scaling, gemm_output):
     """torch.compile(backend="openxla"): dynamic scaling compiles (without
     writing the diagnostic buffers); delayed-scaling layers run outside the
     compiled graph. Loss and gradients equal the lazy run's bits."""
     torch.manual_seed(0)
-    model = fp8.convert(_mlp(), fp8.Fp8Recipe(scaling=scaling)).to(device)
+    model = fp8.convert(_mlp(), fp8.Fp8Recipe(scaling=scaling, gemm_output=gemm_output)).to(device)
     x = torch.randn(16, 32, device=device)
 
     def loss_of(x):

@@ -126,22 +126,13 @@ def test_losses_equal_the_torch_xla_fp8_run(device, scaling, gemm_output):
         loss.backward()
         opt.step()
         want.append(loss.item())
-    # A bfloat16 GEMM result then a bfloat16 multiply: XLA may skip the
-    # rounding between (xla_allow_excess_precision, on by default), and the
-    # two engines' programs differ in where it does. With the flag off both
-    # agree to 1e-5 (checked by hand); as run, step 2 on differ by ~2e-4,
-    # and the output gradient's amax, a max over ReLU-masked values, by up
-    # to 4 % (an element near the mask's edge in one engine and not the other).
-    rel = 1e-5 if gemm_output == "float32" else 1e-3
-    assert got == pytest.approx(want, rel=rel)
-    assert got[0] == pytest.approx(want[0], rel=1e-5)
+    assert got == pytest.approx(want, rel=1e-5)
     assert got[-1] < got[0]
     if scaling == "delayed":  # the same histories and scales after 4 rolls
         for name in ("0.fp8_amax_history", "2.fp8_scale"):
             import numpy as np
             np.testing.assert_allclose(np.asarray(step.state[1][name]),
-                                       model.state_dict()[name].cpu().numpy(),
-                                       rtol=1e-5 if gemm_output == "float32" else 0.1)
+                                       model.state_dict()[name].cpu().numpy(), rtol=1e-5)
 
 
 def test_a_skipped_step_leaves_the_history():

@@ -11,7 +11,7 @@ applied to that result. So every converted matmul is::
     * (1 / s_a) * (1 / s_b)                            (_quant.unscale)
 
 or, with Fp8Recipe(gemm_output="bfloat16") where the result goes to a
-bfloat16 tensor, ``dot(...) -> bfloat16`` times one bfloat16 factor.
+bfloat16 tensor, ``dot(...) -> bfloat16``, upcast for the same scaling.
 
 `fast` (the recipe's fast_accumulation for this GEMM) is the dot's precision:
 XLA:GPU gives a float8 dot at DEFAULT precision cuBLASLt's fast accumulation

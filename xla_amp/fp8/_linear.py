@@ -65,11 +65,15 @@ def _records() -> bool:
 
 
 def scaled_gemm(recipe, gemm: str, a, b, ca: int, cb: int, sa, sb, destination):
-    """dot(a, b) / (sa sb) on the float8 operands, for a result that goes to
-    `destination`: float32, or bfloat16 where the recipe's gemm_output says so."""
-    out = recipe.result_dtype(destination)
-    y = _dot.dot(a, b, ca, cb, recipe.fast(gemm), out)
-    return _quant.unscale(y, sa, sb) if out == torch.float32 else _quant.unscale_as(y, sa, sb)
+    """dot(a, b) / (sa sb) on the float8 operands in float32, for a result
+    that goes to `destination`. The dot itself returns float32, or bfloat16
+    where the recipe's gemm_output says so; the scales, the bias and the
+    cast to `destination` follow in float32 either way: an explicit cast is
+    a rounding XLA keeps wherever the graph is cut (a bfloat16 multiply
+    after the dot was rounded or not depending on the graph, and
+    torch.compile's loss differed from the lazy step's)."""
+    y = _dot.dot(a, b, ca, cb, recipe.fast(gemm), recipe.result_dtype(destination))
+    return _quant.unscale(y.float(), sa, sb)
 
 
 def forward_impl(x, weight, bias, module, record: bool, out_dtype):
@@ -99,7 +103,7 @@ def forward_impl(x, weight, bias, module, record: bool, out_dtype):
             module.fp8_scale.copy_(torch.stack([sx, sw, module.fp8_scale[G]]))
     y = scaled_gemm(recipe, "forward", xq.reshape(-1, x.shape[-1]), wq, 1, 1, sx, sw, out_dtype)
     if bias is not None:
-        y = y + bias.to(y.dtype)
+        y = y + bias.float()
     return y.reshape(*x.shape[:-1], weight.shape[0]).to(out_dtype), (
         xq, wq, sx, sw, module.fp8_scale[G].clone())
 

@@ -8,10 +8,6 @@ and the scales are applied to its float32 result. So::
     unscale(y, sa, sb)   = y * (1 / sa) * (1 / sb)   y = dot(qa, qb), float32;
                            one factor at a time: (1/sa)(1/sb) alone can
                            underflow where the product y/(sa sb) does not
-    unscale_as(y, sa, sb, dt) = y * dt((1 / sa) * (1 / sb))   y = dot(qa, qb)
-                           in dt (bfloat16): one factor, rounded to dt
-                           (exact for power-of-two scales), one multiply
-                           XLA:GPU can fold into the GEMM (Fp8Recipe.gemm_output)
     scale(amax, old)     = fmax / amax / 2**margin  (power_of_two: rounded
                            down to a power of two); a zero or non-finite amax
                            keeps `old`
@@ -49,10 +45,6 @@ def quantize(t: torch.Tensor, scale: torch.Tensor, fp8: torch.dtype) -> torch.Te
 
 def unscale(y: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
     return y * torch.reciprocal(sa) * torch.reciprocal(sb)
-
-
-def unscale_as(y: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
-    return y * (torch.reciprocal(sa) * torch.reciprocal(sb)).to(y.dtype)
 
 
 def stats(t: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, fp8: torch.dtype):

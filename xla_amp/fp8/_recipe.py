@@ -28,14 +28,12 @@ output gradient g)::
     gemm_output:   the result type of an fp8 GEMM whose destination is
                    bfloat16 (the forward's output in a bf16 region or on a
                    bf16 input, a bf16 input's or weight's gradient):
-                   "float32" (the dot returns float32; the two scales and
-                   the cast follow in one elementwise pass) or "bfloat16"
-                   (the dot returns bfloat16, then one multiply by the two
-                   scales combined into one bfloat16 factor, a multiply
-                   XLA:GPU may fold into cuBLASLt's call: no float32 result
-                   in memory. The factor rounds to bfloat16 unless
-                   power_of_two; a float16 or float32 destination keeps
-                   "float32": a float16 GEMM result overflows unscaled)
+                   "float32" or "bfloat16" (the GEMM writes half the bytes;
+                   the scales, bias and cast then read bfloat16: one more
+                   rounding, none with power_of_two scales). The scales are
+                   applied in float32 either way. A float16 or float32
+                   destination keeps "float32" (an unscaled float16 GEMM
+                   result overflows)
     keep:          modules left in high precision: nn.Module classes or
                    globs on qualified names (fnmatch), e.g. ("lm_head", "0")
 
