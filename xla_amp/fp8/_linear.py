@@ -7,8 +7,8 @@
 q is _quant.quantize (tensorwise scales); dot is _dot.dot, a dot on the
 float8 values with a float32 result (or, Fp8Recipe.gemm_output "bfloat16",
 a bfloat16 one where the result goes to bfloat16: scaled_gemm), which
-XLA:GPU turns into cuBLASLt's fp8 GEMM (docs/fp8.md: what the H100 showed). The op runs with autocast off; its
-output takes the autocast dtype when a region is open, else the input's. The
+XLA:GPU turns into cuBLASLt's fp8 GEMM (docs/fp8.md: what the H100 showed).
+The op runs with autocast off; its output takes the autocast dtype when a region is open, else the input's. The
 backward keeps the float8 x and w (half bf16's bytes).
 
 A call whose shape cannot take an fp8 GEMM (_dot.eligible: a dimension not a
@@ -67,11 +67,11 @@ def _records() -> bool:
 def scaled_gemm(recipe, gemm: str, a, b, ca: int, cb: int, sa, sb, destination):
     """dot(a, b) / (sa sb) on the float8 operands in float32, for a result
     that goes to `destination`. The dot itself returns float32, or bfloat16
-    where the recipe's gemm_output says so; the scales, the bias and the
-    cast to `destination` follow in float32 either way: an explicit cast is
-    a rounding XLA keeps wherever the graph is cut (a bfloat16 multiply
-    after the dot was rounded or not depending on the graph, and
-    torch.compile's loss differed from the lazy step's)."""
+    where the recipe's gemm_output says so; the scales (and the caller's
+    bias and cast to `destination`) follow in float32 either way: an
+    explicit cast is a rounding XLA keeps wherever the graph is cut (a
+    bfloat16 multiply after the dot was rounded or not depending on the
+    graph, and torch.compile's loss differed from the lazy step's)."""
     y = _dot.dot(a, b, ca, cb, recipe.fast(gemm), recipe.result_dtype(destination))
     return _quant.unscale(y.float(), sa, sb)
 
