@@ -8,8 +8,9 @@ q is _quant.quantize (tensorwise scales); dot is _dot.dot, a dot on the
 float8 values with a float32 result (or, Fp8Recipe.gemm_output "bfloat16",
 a bfloat16 one where the result goes to bfloat16: scaled_gemm), which
 XLA:GPU turns into cuBLASLt's fp8 GEMM (docs/fp8.md: what the H100 showed).
-The op runs with autocast off; its output takes the autocast dtype when a region is open, else the input's. The
-backward keeps the float8 x and w (half bf16's bytes).
+The op runs with autocast off; its output takes the autocast dtype when a
+region is open, else the input's. The backward keeps the float8 x and w
+(half bf16's bytes).
 
 A call whose shape cannot take an fp8 GEMM (_dot.eligible: a dimension not a
 multiple of 16, e5m2 x e5m2, a float8 type the backend cannot dot) runs as
