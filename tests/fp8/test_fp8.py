@@ -20,7 +20,7 @@ import xla_amp
 from xla_amp import fp8
 from xla_amp.fp8 import _quant
 
-from tests.support.fp8 import Block, ResultTypes, dequantized, dots, fp8_dot
+from tests.support.fp8 import Block, ResultTypes, dequantized, dots, fp8_dot, unfoldable
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
@@ -57,6 +57,9 @@ def test_every_converted_matmul_is_a_dot_on_float8_operands(device, recipe, poli
         assert want.count("bf16") == 0, want
     else:  # at least each layer's forward (its output is the region's bfloat16)
         assert want.count("bf16") >= 4, want
+    # each float32 result's scales (and, in the backward, the non-finite
+    # check) are one multiply by a scalar: the one XLA:GPU folds into the GEMM
+    assert unfoldable(_step_hlo(device, recipe, policy)) == []
     e5m2 = sum(d[1][0] == "f8e5m2" for d in found)  # the gradient is the lhs of both
     assert e5m2 == (8 if recipe.format == "hybrid" else 0)
     assert not any(d[1] == ("f8e5m2", "f8e5m2") for d in found)
@@ -145,7 +148,7 @@ def test_a_bfloat16_gemm_output_equals_its_manual_control(device):
     def scaled(a, b, ca, cb, sa, sb):
         dot = torch.ops.xla_amp.fp8_dot(a, b, ca, cb, torch.bfloat16)
         assert dot.dtype == torch.bfloat16
-        return (dot.float() * torch.reciprocal(sa) * torch.reciprocal(sb)).bfloat16()
+        return (dot.float() * (torch.reciprocal(sa) * torch.reciprocal(sb))).bfloat16()
     for got, want in ((y, scaled(q["x"], q["w"], 1, 1, sx, sw)),
                       (xd.grad, scaled(q["g"], q["w"], 1, 0, sg, sw))):
         assert torch.equal(got.cpu().view(torch.int16), want.cpu().view(torch.int16))

@@ -115,6 +115,47 @@ def precisions(hlo: str) -> dict[str, str]:
     return out
 
 
+def unfoldable(hlo: str) -> list:
+    """The fp8 dots with a float32 result whose epilogue is not ONE multiply
+    by a scalar (what XLA:GPU's GemmRewriter folds into cuBLASLt's fp8 call:
+    one multiply at most; a second multiply or a select after it is a pass
+    of its own over the float32 result): each as (dot, [users' opcodes])."""
+    instrs = parse(hlo)
+    users: dict[str, list[str]] = {}
+    for name, (_, _, operands, _) in instrs.items():
+        for o in set(operands):
+            users.setdefault(o, []).append(name)
+    bad = []
+    for name, kinds, result, _ in dots(hlo):
+        if not (kinds[0].startswith("f8") and kinds[1].startswith("f8") and result == "f32"):
+            continue
+        mine = users.get(name, [])
+        ok = len(mine) == 1 and _scalar_multiply(instrs, mine[0], name)
+        after = users.get(mine[0], []) if ok else []
+        # (a constant factor after it is the caller's: SGD's -lr, say, which
+        # the rewriter would fold into alpha)
+        if not ok or any(_scalar_multiply(instrs, u, mine[0], runtime=True)
+                         or instrs[u][1] == "select" for u in after):
+            bad.append((name, [instrs[u][1] for u in mine + after]))
+    return bad
+
+
+def _scalar_multiply(instrs, name, of, runtime=False) -> bool:
+    """Whether `name` multiplies or divides `of` by a scalar (`runtime`: one
+    that is not a constant)."""
+    _, opcode, operands, _ = instrs[name]
+    return opcode in ("multiply", "divide") and any(
+        o != of and _is_scalar_broadcast(instrs, o)
+        and not (runtime and _constant_scalar(instrs, o)) for o in operands)
+
+
+def _constant_scalar(instrs, name) -> bool:
+    typ, opcode, operands, _ = instrs[name]
+    if opcode == "broadcast" and operands:
+        return instrs[operands[0]][1] == "constant"
+    return opcode == "constant"
+
+
 _HLO_TYPES = {"torch.float32": "f32", "torch.bfloat16": "bf16", "torch.float16": "f16"}
 
 

@@ -17,7 +17,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import tests.support.torchax_env as helpers_torchax  # noqa: F401  (JAX on CPU)
-from tests.support.fp8 import Block, ResultTypes, dequantized, dots, fp8_dot, precisions
+from tests.support.fp8 import (Block, ResultTypes, dequantized, dots, fp8_dot, precisions,
+                                unfoldable)
 
 import xla_amp
 import xla_amp.torchax as xt
@@ -50,6 +51,7 @@ def test_every_matmul_of_a_jitted_step_is_a_dot_on_float8_operands(policy, scali
                                         else 0), types.want
     if gemm_output == "float32" or policy == "cuda":
         assert set(types.want) == {"f32"}, types.want
+    assert unfoldable(hlo) == []  # one multiply by a scalar after each f32 result
     assert sum(d[1][0] == "f8e5m2" for d in found) == 8
     assert dequantized(entries) == []
 

@@ -8,7 +8,7 @@ scales was a dot *on the float8 values*, with a float32 result, the scales
 applied to that result. So every converted matmul is::
 
     dot(a_f8, b_f8, contract=(i, j)) -> float32        (this module)
-    * (1 / s_a) * (1 / s_b)                            (_quant.unscale)
+    * ((1 / s_a) * (1 / s_b))                          (_quant.unscale)
 
 or, with Fp8Recipe(gemm_output="bfloat16") where the result goes to a
 bfloat16 tensor, ``dot(...) -> bfloat16``, upcast for the same scaling.

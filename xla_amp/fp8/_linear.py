@@ -65,16 +65,24 @@ def _records() -> bool:
     return not torch.compiler.is_compiling()
 
 
-def scaled_gemm(recipe, gemm: str, a, b, ca: int, cb: int, sa, sb, destination):
+def scaled_gemm(recipe, gemm: str, a, b, ca: int, cb: int, sa, sb, destination, passed=None):
     """dot(a, b) / (sa sb) on the float8 operands in float32, for a result
-    that goes to `destination`. The dot itself returns float32, or bfloat16
-    where the recipe's gemm_output says so; the scales (and the caller's
-    bias and cast to `destination`) follow in float32 either way: an
-    explicit cast is a rounding XLA keeps wherever the graph is cut (a
-    bfloat16 multiply after the dot was rounded or not depending on the
-    graph, and torch.compile's loss differed from the lazy step's)."""
+    that goes to `destination`: one multiply by one factor (_quant.factor).
+    `passed` = (finite, amax): where not finite the factor is that amax (inf
+    or NaN), so every element of the result is non-finite (an overflow
+    upstream goes on to the GradScaler) with no pass of its own over it.
+    The dot itself returns float32, or bfloat16 where the recipe's
+    gemm_output says so; the scaling (and the caller's bias and cast to
+    `destination`) follow in float32 either way: an explicit cast is a
+    rounding XLA keeps wherever the graph is cut (a bfloat16 multiply after
+    the dot was rounded or not depending on the graph, and torch.compile's
+    loss differed from the lazy step's)."""
     y = _dot.dot(a, b, ca, cb, recipe.fast(gemm), recipe.result_dtype(destination))
-    return _quant.unscale(y.float(), sa, sb)
+    f = _quant.factor(sa, sb)
+    if passed is not None:
+        finite, amax = passed
+        f = torch.where(finite, f, amax)
+    return _quant.unscale(y.float(), f)
 
 
 def forward_impl(x, weight, bias, module, record: bool, out_dtype):
@@ -141,14 +149,13 @@ def backward_impl(saved, grad_out, module, dtypes, record: bool):
     if record:
         module.fp8_stats.copy_(torch.cat([module.fp8_stats[:G],
                                           _quant.stats(g, gq, sg, fg).reshape(1, 2)]))
-    grad_x = scaled_gemm(recipe, "grad_input", gq, wq, 1, 0, sg, sw,
-                         x_dtype).reshape(xq.shape).to(x_dtype)
-    grad_w = scaled_gemm(recipe, "grad_weight", gq, xq.reshape(-1, xq.shape[-1]), 0, 0, sg, sx,
-                         w_dtype).to(w_dtype)
     # The clamp before the cast would turn an inf gradient into a finite one,
-    # and the GradScaler would not skip: the non-finite amax goes on instead.
-    grad_x = torch.where(finite, grad_x, ag.to(x_dtype))
-    grad_w = torch.where(finite, grad_w, ag.to(w_dtype))
+    # and the GradScaler would not skip: the non-finite amax goes on instead,
+    # as both gradients' factor.
+    grad_x = scaled_gemm(recipe, "grad_input", gq, wq, 1, 0, sg, sw, x_dtype,
+                         (finite, ag)).reshape(xq.shape).to(x_dtype)
+    grad_w = scaled_gemm(recipe, "grad_weight", gq, xq.reshape(-1, xq.shape[-1]), 0, 0, sg, sx,
+                         w_dtype, (finite, ag)).to(w_dtype)
     grad_b = g.float().sum(0).to(b_dtype) if b_dtype is not None else None
     return (grad_x, grad_w, grad_b), ag
 

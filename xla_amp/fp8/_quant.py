@@ -5,9 +5,13 @@ and the scales are applied to its float32 result. So::
 
     quantize(t, s, f8)   = (t.float() * s).clamp(-fmax, fmax).to(f8)
                            (clamped first: float32 -> e4m3fn overflow is NaN)
-    unscale(y, sa, sb)   = y * (1 / sa) * (1 / sb)   y = dot(qa, qb), float32;
-                           one factor at a time: (1/sa)(1/sb) alone can
-                           underflow where the product y/(sa sb) does not
+    unscale(y, f)        = y * f                      y = dot(qa, qb), float32
+    factor(sa, sb)       = (1 / sa) * (1 / sb)        a 0-d float32: ONE multiply
+                           of the GEMM's result by a runtime scalar, which
+                           XLA:GPU's GemmRewriter folds into cuBLASLt's fp8
+                           call (it folds one, not two: docs/fp8.md). It flushes
+                           to zero only where sa sb > 2**149, i.e. amax_a amax_b
+                           < ~3e-40 (subnormal, 16 bits or more, from ~1e-33)
     scale(amax, old)     = fmax / amax / 2**margin  (power_of_two: rounded
                            down to a power of two); a zero or non-finite amax
                            keeps `old`
@@ -43,8 +47,12 @@ def quantize(t: torch.Tensor, scale: torch.Tensor, fp8: torch.dtype) -> torch.Te
     return (t.float() * scale).clamp(-fmax, fmax).to(fp8)
 
 
-def unscale(y: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
-    return y * torch.reciprocal(sa) * torch.reciprocal(sb)
+def factor(sa: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
+    return torch.reciprocal(sa) * torch.reciprocal(sb)
+
+
+def unscale(y: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    return y * f
 
 
 def stats(t: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, fp8: torch.dtype):
