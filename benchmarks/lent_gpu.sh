@@ -34,9 +34,11 @@
 #               recorded on an H200 with torch 2.11)
 #   fp8-probe   one fp8 GEMM of the MLP's shape compiled with XLA's defaults
 #               and with Triton GEMMs off (55.6 s against 0.11 s on an H200)
-# The lent image has neither torchax nor expecttest: their wheels are carried
-# in gpuwheels/ (pip download torchax==0.0.13 expecttest --no-deps -d
-# gpuwheels) and installed here.
+# The lent image has neither torchax nor expecttest: their wheels travel in
+# gpuwheels/, kept out of git (third-party code) and named in the device
+# call's `carry`, and are installed here. Once per checkout:
+#   pip download torchax==0.0.13 expecttest==0.3.0 --no-deps -d gpuwheels
+#   echo /gpuwheels/ >> .git/info/exclude      # then run with carry=["gpuwheels"]
 set -u
 OUT=${OUT:-build/lent-gpu}
 BUDGET=${BUDGET:-560}
