@@ -89,7 +89,10 @@ def widened_f8(instrs, name) -> bool:
 def dots(hlo: str):
     """[(dot name, (lhs element type, rhs element type), result element type,
     an operand is a widened float8 value)] for every dot of every computation."""
-    instrs = parse(hlo)
+    return _dots(parse(hlo))
+
+
+def _dots(instrs):
     out = []
     for name, (typ, opcode, operands, attrs) in instrs.items():
         if opcode != "dot":
@@ -126,7 +129,7 @@ def unfoldable(hlo: str) -> list:
         for o in set(operands):
             users.setdefault(o, []).append(name)
     bad = []
-    for name, kinds, result, _ in dots(hlo):
+    for name, kinds, result, _ in _dots(instrs):
         if not (kinds[0].startswith("f8") and kinds[1].startswith("f8") and result == "f32"):
             continue
         mine = users.get(name, [])
@@ -150,7 +153,7 @@ def _scalar_multiply(instrs, name, of, runtime=False) -> bool:
 
 
 def _constant_scalar(instrs, name) -> bool:
-    typ, opcode, operands, _ = instrs[name]
+    _, opcode, operands, _ = instrs[name]
     if opcode == "broadcast" and operands:
         return instrs[operands[0]][1] == "constant"
     return opcode == "constant"
