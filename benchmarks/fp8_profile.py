@@ -10,8 +10,12 @@ device's events by kernel name (jax.profiler.ProfileData over the trace's
 xplane). It writes DIR/fp8_profile.json (every kernel: calls and ms per
 step), DIR/fp8_profile.md (the top 25 per variant and the total by kind:
 GEMMs, fusions, copies/transposes, other) and DIR/<variant>_optimized.hlo.gz
-(the optimized program, to read which fusion a kernel is). On XLA:CPU
-(--smoke) the "device" is the host's XLA ops: a check of the script.
+(the optimized program, to read which fusion a kernel is). Each fusion
+kernel's row also gives the bytes at its boundary (its operands and results,
+read from that program) and the bandwidth that makes per call: how far a
+memory-bound kernel is from the card's. On XLA:CPU (--smoke) the "device"
+is the host's XLA ops: a check of the script. ``--report DIR`` rewrites
+DIR/fp8_profile.md from a run's saved files.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import glob
 import gzip
 import json
 import os
+import re
 import sys
 import tempfile
 
@@ -37,6 +42,42 @@ def kind(name: str) -> str:
     if "fusion" in n or "reduce" in n or "loop_" in n or "input_" in n:
         return "fusion"
     return "other"
+
+
+_BYTES = {"f64": 8, "s64": 8, "u64": 8, "f32": 4, "s32": 4, "u32": 4, "bf16": 2, "f16": 2,
+          "s16": 2, "u16": 2, "s8": 1, "u8": 1, "pred": 1}
+_ARRAY = re.compile(r"(\w+)\[([\d,]*)\]")
+
+
+def nbytes(typ: str) -> int:
+    """Bytes of an HLO type, an array or a tuple of them ("f8e4m3fn[4,8]": 32)."""
+    total = 0
+    for elem, dims in _ARRAY.findall(typ):
+        n = 1
+        for d in filter(None, dims.split(",")):
+            n *= int(d)
+        total += n * _BYTES.get(elem, 1 if elem.startswith("f8") else 4)
+    return total
+
+
+def fusion_bytes(hlo: str) -> dict[str, int]:
+    """{kernel name: bytes of the fusion's operands and results} over an
+    optimized program's fusions. A kernel is named after its fusion, "."
+    as "_" (``input_reduce_fusion.3`` runs as ``input_reduce_fusion_3``).
+    An operand the fusion reads only in part (a slice) counts whole."""
+    from tests.support.fp8 import parse
+    instrs = parse(hlo)
+    return {name.replace(".", "_"): nbytes(typ) + sum(nbytes(instrs[o][0])
+                                                     for o in operands if o in instrs)
+            for name, (typ, opcode, operands, _) in instrs.items() if opcode == "fusion"}
+
+
+def with_traffic(kernels: dict, traffic: dict) -> None:
+    """Adds "bytes" to each kernel row that is a fusion of `traffic`
+    (fusion_bytes; XLA:CPU names its kernels with the ".")."""
+    for n, row in kernels.items():
+        if n.replace(".", "_") in traffic:
+            row["bytes"] = traffic[n.replace(".", "_")]
 
 
 def device_events(xplane: str) -> tuple[dict, dict]:
@@ -69,8 +110,9 @@ def profile(model: str, variant: str, args) -> dict:
     import jax
     v = fp8_gpu.TorchaxVariant(model, variant, args)
     v.compile()
+    hlo = v.step.lower(*v.batches[0]).compile().as_text()
     with gzip.open(os.path.join(args.out, f"{variant}_optimized.hlo.gz"), "wt") as f:
-        f.write(v.step.lower(*v.batches[0]).compile().as_text())
+        f.write(hlo)
     v.run(3)
     v.wait()
     with tempfile.TemporaryDirectory() as d:
@@ -82,6 +124,7 @@ def profile(model: str, variant: str, args) -> dict:
         events, lines = device_events(traces[0])
     per_step = {n: {"calls": c / args.steps, "ms": ns / 1e6 / args.steps}
                 for n, (c, ns) in sorted(events.items(), key=lambda kv: -kv[1][1])}
+    with_traffic(per_step, fusion_bytes(hlo))
     kinds = collections.Counter()
     for n, r in per_step.items():
         kinds[kind(n)] += r["ms"]
@@ -95,11 +138,31 @@ def report(results: dict) -> str:
         rows += [f"### {variant}: {r['total_ms']:.2f} ms of kernels per step", "",
                  "| kind | ms/step |", "|---|---|"]
         rows += [f"| {k} | {ms:.2f} |" for k, ms in sorted(r["by_kind_ms"].items())]
-        rows += ["", "| kernel | calls/step | ms/step |", "|---|---|---|"]
-        rows += [f"| `{n[:90]}` | {k['calls']:.1f} | {k['ms']:.3f} |"
+        rows += ["", "| kernel | calls/step | ms/step | MB/call | GB/s |", "|---|---|---|---|---|"]
+        rows += [f"| `{n[:90]}` | {k['calls']:.1f} | {k['ms']:.3f} | {_traffic(k)} |"
                  for n, k in list(r["kernels"].items())[:25]]
         rows.append("")
     return "\n".join(rows)
+
+
+def _traffic(kernel: dict) -> str:
+    if "bytes" not in kernel or not kernel["ms"]:
+        return " | "
+    per_call_s = kernel["ms"] / 1e3 / kernel["calls"]
+    mb = kernel["bytes"] / 1e6
+    return f"{mb:.{1 if mb >= 0.1 else 4}f} | {kernel['bytes'] / per_call_s / 1e9:.0f}"
+
+
+def rereport(out: str) -> None:
+    """DIR/fp8_profile.md again from DIR's fp8_profile.json and optimized
+    programs (a run from before the traffic columns included)."""
+    with open(os.path.join(out, "fp8_profile.json")) as f:
+        results = json.load(f)
+    for variant, r in results.items():
+        with gzip.open(os.path.join(out, f"{variant}_optimized.hlo.gz"), "rt") as f:
+            with_traffic(r["kernels"], fusion_bytes(f.read()))
+    with open(os.path.join(out, "fp8_profile.md"), "w") as f:
+        f.write(report(results))
 
 
 def main(argv=None) -> None:
@@ -111,7 +174,12 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=os.environ.get("OUT") or "build")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--worker", default="", help="VARIANT (internal)")
+    ap.add_argument("--report", default="", metavar="DIR",
+                    help="rewrite DIR/fp8_profile.md from DIR's saved run, then stop")
     args = ap.parse_args(argv)
+    if args.report:
+        rereport(args.report)
+        return
     os.makedirs(args.out, exist_ok=True)
     if args.worker:
         H.print_result(profile(args.model, args.worker, args))

@@ -44,3 +44,16 @@ def test_profile_kinds_of_kernel_names():
         "sm90_xmma_gemm_e4m3e4m3_f32", "loop_convert_fusion_3", "transpose_2",
         "input_reduce_fusion", "memset")] == ["gemm", "fusion", "copy/transpose", "fusion",
                                               "other"]
+
+
+def test_profile_counts_a_fusions_bytes_from_its_operand_and_result_types():
+    """The profile's traffic columns: bytes at a fusion's boundary, a tuple
+    result (a multi-output fusion) summed, float8 one byte an element."""
+    hlo = OPTIMIZED.replace(
+        "  ROOT %add.1", "  %input_convert_transpose_fusion.3 = (f8e4m3fn[32,64]{1,0}, "
+        "f8e4m3fn[64,32]{1,0}) fusion(%p.0), kind=kInput, calls=%gemm_fusion_dot.1_computation\n"
+        "  ROOT %add.1")
+    got = fp8_profile.fusion_bytes(hlo)
+    assert got == {"gemm_fusion_dot_1": 64 * 32 * 2 + 32 * 16 * 2 + 64 * 16 * 2,
+                   "input_convert_transpose_fusion_3": 64 * 32 * 2 + 2 * 64 * 32}
+    assert fp8_profile.nbytes("(f32[3], s8[4194304]{0})") == 12 + 4194304
