@@ -45,7 +45,8 @@ def _step_hlo(device, recipe, policy="tpu", results=None):
                          ids=["dynamic_hybrid", "delayed", "e4m3_pow2", "bf16_out"])
 def test_every_converted_matmul_is_a_dot_on_float8_operands(device, recipe, policy):
     want = []
-    entries = dots(_step_hlo(device, recipe, policy, want))
+    hlo = _step_hlo(device, recipe, policy, want)
+    entries = dots(hlo)
     found = [d for d in entries if fp8_dot(d)]
     # 4 layers x (forward, input gradient, weight gradient)
     assert len(found) == 12, entries
@@ -59,7 +60,7 @@ def test_every_converted_matmul_is_a_dot_on_float8_operands(device, recipe, poli
         assert want.count("bf16") >= 4, want
     # each float32 result's scales (and, in the backward, the non-finite
     # check) are one multiply by a scalar: the one XLA:GPU folds into the GEMM
-    assert unfoldable(_step_hlo(device, recipe, policy)) == []
+    assert unfoldable(hlo) == []
     e5m2 = sum(d[1][0] == "f8e5m2" for d in found)  # the gradient is the lhs of both
     assert e5m2 == (8 if recipe.format == "hybrid" else 0)
     assert not any(d[1] == ("f8e5m2", "f8e5m2") for d in found)
