@@ -14,7 +14,10 @@ docs/fp8.md recommends: fast accumulation in the forward GEMM only);
 ``fp8-fast-all`` (fast accumulation in all three GEMMs: the form of the first
 H100 run), ``fp8-fast-none`` and ``fp8-bf16-out`` (Fp8Recipe(gemm_output=
 "bfloat16"): GEMMs whose result goes to bf16 return bf16) on request
-(--variants). Engines, where they run: ``torchax``
+(--variants); ``-pinned`` after an fp8 variant (``fp8-bf16-out-pinned``)
+traces its step with each amax behind an optimization barrier
+(xla_amp.fp8._quant.pinned_amax: the same values; whether XLA:GPU then keeps
+the amaxes' last reduction stage out of the history's serial concatenate). Engines, where they run: ``torchax``
 (xla_amp.torchax.make_train_step, optax.adamw) always; ``torch_xla``
 (autocast + GradScaler + syncfree.AdamW) where torch_xla is installed: not on
 the lent GPU's image, so there it is reported as not run.
@@ -53,11 +56,12 @@ import time
 from benchmarks import _harness as H
 
 ENGINES = ("torchax", "torch_xla")
-VARIANTS = ("bf16", "fp8", "fp8-fast-all", "fp8-fast-none", "fp8-bf16-out")
 # the fp8 variants' recipes (delayed scaling, the model's kept layers besides)
 FAST = {"fp8": {}, "fp8-fast-all": {"fast_accumulation": "all"},
         "fp8-fast-none": {"fast_accumulation": "none"},
         "fp8-bf16-out": {"gemm_output": "bfloat16"}}
+PINNED = "-pinned"
+VARIANTS = ("bf16", *FAST, *(v + PINNED for v in FAST))
 FULL = {"mlp": dict(d=4096, hidden=16384, blocks=4, tokens=8192),
         "gpt2": dict(vocab=50257, seq=1024, d=768, heads=12, layers=12, batch=8)}
 SMOKE = {"mlp": dict(d=64, hidden=256, blocks=4, tokens=256),
@@ -72,10 +76,18 @@ def build(model: str, shapes: dict, variant: str, n_batches: int = 4):
     the module converted to fp8 for an fp8 variant (delayed scaling, its fast
     accumulation)."""
     net, batches, loss_fn = _build(model, shapes, n_batches)
-    if variant in FAST:
+    base = variant.removesuffix(PINNED)
+    if base in FAST:
         from xla_amp import fp8
-        fp8.convert(net, fp8.Fp8Recipe(scaling="delayed", keep=KEEP[model], **FAST[variant]))
+        fp8.convert(net, fp8.Fp8Recipe(scaling="delayed", keep=KEEP[model], **FAST[base]))
     return net, batches, loss_fn
+
+
+def pinning(variant: str):
+    """The context `variant`'s steps are traced in: amaxes pinned for a
+    ``-pinned`` variant (module docstring)."""
+    from xla_amp.fp8 import _quant
+    return _quant.pinned_amax(variant.endswith(PINNED))
 
 
 def _build(model: str, shapes: dict, n_batches: int):
@@ -108,18 +120,21 @@ def _build(model: str, shapes: dict, n_batches: int):
 
 def gemm_counts(lowered: str, optimized: str) -> dict:
     """Dots on float8 operands in the lowered program; GEMMs of the optimized
-    one (None where the engine gives no optimized text)."""
+    one (None where the engine gives no optimized text); the lowered
+    program's optimization barriers (a ``-pinned`` variant's amaxes; XLA
+    removes them once its fusion is done, so the optimized text has none)."""
     from tests.support.fp8 import dots, fp8_dot
     low = dots(lowered)
+    barriers = {"barriers": lowered.count(" opt-barrier(")}
     if not optimized:
         return {"lowered_dots": len(low), "lowered_fp8_dots": sum(fp8_dot(e) for e in low),
-                "gemms": None, "cublas_fp8": None}
+                "gemms": None, "cublas_fp8": None, **barriers}
     calls = _CUBLAS.findall(optimized)
     triton = len(_TRITON_GEMM.findall(optimized))
     opt_dots = dots(optimized)
     gemms = len(calls) + triton or len(opt_dots)
-    return {"lowered_dots": len(low), "lowered_fp8_dots": sum(fp8_dot(e) for e in low),
-            "gemms": gemms, "cublas_fp8": calls.count("__cublas$lt$matmul$f8"),
+    return {**barriers, "lowered_dots": len(low),
+            "lowered_fp8_dots": sum(fp8_dot(e) for e in low), "gemms": gemms, "cublas_fp8": calls.count("__cublas$lt$matmul$f8"),
             "cublas": len(calls), "triton_gemms": triton,
             "optimized_fp8_dots": sum(fp8_dot(e) for e in opt_dots)}
 
@@ -135,12 +150,13 @@ class TorchaxVariant:
         self.step = xt.make_train_step(net, self.loss_fn, optax.adamw(args.lr), policy="tpu")
         self.batches = [self.step.place_batch(*b) for b in batches]
         self.block = jax.block_until_ready
-        self.k, self.losses = 0, []
+        self.k, self.losses, self.variant = 0, [], variant
 
     def compile(self) -> dict:
         t0 = time.perf_counter()
-        lowered = self.step.lower(*self.batches[0])
-        compiled = lowered.compile()
+        with pinning(self.variant):
+            lowered = self.step.lower(*self.batches[0])
+            compiled = lowered.compile()
         out = {"compile_s": time.perf_counter() - t0}
         out.update(gemm_counts(lowered.as_text(dialect="hlo"), compiled.as_text()))
         self.run(1)  # the step's first call (cached now), untimed
@@ -148,9 +164,10 @@ class TorchaxVariant:
         return out
 
     def run(self, n: int) -> None:
-        for _ in range(n):
-            self.losses.append(self.step(*self.batches[self.k % len(self.batches)]))
-            self.k += 1
+        with pinning(self.variant):  # a retrace, if any, traces the same step
+            for _ in range(n):
+                self.losses.append(self.step(*self.batches[self.k % len(self.batches)]))
+                self.k += 1
 
     def wait(self) -> None:
         self.block(self.losses[-1])
@@ -170,20 +187,21 @@ class TorchXlaVariant:
         net, batches, self.loss_fn = build(model, (SMOKE if args.smoke else FULL)[model], variant)
         self.net = net.to(self.dev)
         self.opt = syncfree.AdamW(self.net.parameters(), lr=args.lr)
-        if variant in FAST:
+        if variant.removesuffix(PINNED) in FAST:
             fp8.attach(self.opt, self.net)
         self.scaler = xla_amp.GradScaler()
         self.batches = [(x.to(self.dev), y.to(self.dev)) for x, y in batches]
-        self.k, self.losses, self.lowered = 0, [], ""
+        self.k, self.losses, self.lowered, self.variant = 0, [], "", variant
 
     def _one(self, keep_hlo: bool = False) -> None:
         import torch_xla
         import xla_amp
         x, y = self.batches[self.k % len(self.batches)]
         self.opt.zero_grad()
-        with xla_amp.autocast(self.dev, policy="tpu"):
-            loss = self.loss_fn(self.net(x), y)
-        self.scaler.scale(loss).backward()
+        with pinning(self.variant):  # lazy: every step is traced
+            with xla_amp.autocast(self.dev, policy="tpu"):
+                loss = self.loss_fn(self.net(x), y)
+            self.scaler.scale(loss).backward()
         if keep_hlo:
             grads = [p.grad for p in self.net.parameters() if p.grad is not None]
             self.lowered = torch_xla._XLAC._get_xla_tensors_hlo([loss] + grads)
@@ -286,20 +304,20 @@ def environment() -> dict:
 def report(results: dict) -> str:
     lines = ["| engine | model | variant | ms/step | speed-up vs bf16 | compile s | "
              "fp8 dots (lowered) | cuBLASLt fp8 / all GEMMs | loss first -> last | "
-             "loss vs bf16 |", "|" + "---|" * 10]
+             "loss vs bf16 | barriers (lowered) |", "|" + "---|" * 11]
     for key, res in results.items():
         if ":" not in key:
             continue
         engine, model = key.split(":")
         if "not_run" in res or "error" in res:
             why = res.get("not_run") or res.get("error", "")[-200:]
-            lines.append(f"| {engine} | {model} | - | not run: {why} |" + " |" * 6)
+            lines.append(f"| {engine} | {model} | - | not run: {why} |" + " |" * 7)
             continue
         for v, r in res.items():
             if v in ("environment", "wall_s"):
                 continue
             if "error" in r:
-                lines.append(f"| {engine} | {model} | {v} | failed: {r['error'][:200]} |" + " |" * 6)
+                lines.append(f"| {engine} | {model} | {v} | failed: {r['error'][:200]} |" + " |" * 7)
                 continue
             gemms = "n/a" if r["gemms"] is None else f"{r['cublas_fp8']}/{r['gemms']}"
             lines.append(
@@ -307,7 +325,8 @@ def report(results: dict) -> str:
                 f"{r.get('speedup', 1.0):.3f}x | {r['compile_s']:.1f} | "
                 f"{r['lowered_fp8_dots']}/{r['lowered_dots']} | {gemms} | "
                 f"{r['first_loss']:.4f} -> {r['final_loss']:.4f} | "
-                f"{100 * r.get('loss_rel_diff', 0.0):+.2f} % |")
+                f"{100 * r.get('loss_rel_diff', 0.0):+.2f} % | "
+                f"{r.get('barriers', '')} |")
     return "\n".join(lines)
 
 

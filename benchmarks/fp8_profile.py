@@ -110,7 +110,8 @@ def profile(model: str, variant: str, args) -> dict:
     import jax
     v = fp8_gpu.TorchaxVariant(model, variant, args)
     v.compile()
-    hlo = v.step.lower(*v.batches[0]).compile().as_text()
+    with fp8_gpu.pinning(variant):
+        hlo = v.step.lower(*v.batches[0]).compile().as_text()
     with gzip.open(os.path.join(args.out, f"{variant}_optimized.hlo.gz"), "wt") as f:
         f.write(hlo)
     v.run(3)

@@ -17,19 +17,63 @@ and the scales are applied to its float32 result. So::
                            keeps `old`
 
 Everything is tensor ops on the device: no .item(), no branches on values.
+
+`pinned_amax()` (an experiment for issue #50, off by default): each amax
+behind an optimization barrier, so that XLA:GPU cannot fuse the last stage
+of its reduction into a small consumer (delayed scaling's [3, L] history),
+where one thread reduces it serially; the H100 profile showed 8 such
+kernels at ~0.1 ms each (docs/fp8.md). The values are the same either way;
+only a GPU run shows whether the step is faster (benchmarks/fp8_gpu.py's
+``-pinned`` variants). Engines register their barrier by device type.
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
 from xla_amp.fp8._recipe import FP8_MAX, Fp8Recipe
 
 
+# device type -> barrier(t) -> t: the value behind an optimization barrier
+_barriers: dict = {}
+_pin = False
+
+
+def register_barrier(device_type: str, barrier) -> None:
+    _barriers[device_type] = barrier
+
+
+def _xla_barrier(t: torch.Tensor) -> torch.Tensor:
+    from torch_xla import _XLAC
+    _XLAC._xla_optimization_barrier_([t])
+    return t
+
+
+register_barrier("xla", _xla_barrier)
+
+
+@contextlib.contextmanager
+def pinned_amax(on: bool = True):
+    """Inside, amaxes traced are pinned (module docstring); not under
+    torch.compile, which cannot trace torch_xla's in-place barrier."""
+    global _pin
+    before, _pin = _pin, on
+    try:
+        yield
+    finally:
+        _pin = before
+
+
 def amax(t: torch.Tensor) -> torch.Tensor:
     """max |t| in float32 (a 0-d tensor). Not ``amax()``: PyTorch/XLA 2.9
     reduces over no dimension when amax gets none (CPU eager reduces over all;
     pinned in tests/engine/test_xla_known_issues.py)."""
-    return t.detach().abs().max().float()
+    a = t.detach().abs().max().float()
+    barrier = _barriers.get(a.device.type) if _pin else None
+    if barrier is not None and not torch.compiler.is_compiling():
+        a = barrier(a)
+    return a
 
 
 def scale_from_amax(recipe: Fp8Recipe, fp8: torch.dtype, a: torch.Tensor,

@@ -45,7 +45,7 @@ import threading
 import jax
 import jax.numpy as jnp
 
-from xla_amp.fp8 import _dot, _linear
+from xla_amp.fp8 import _dot, _linear, _quant
 from xla_amp.torchax import _region
 
 _probes = threading.local()
@@ -165,5 +165,11 @@ def compiler_options(model, backend: str, xla_flags: str) -> dict | None:
     return {"xla_gpu_enable_triton_gemm": False}
 
 
+def barrier(t):
+    """`_quant.amax`'s pin for torchax tensors: jax.lax.optimization_barrier."""
+    return _env(t).j2t_iso(jax.lax.optimization_barrier(t.jax()))
+
+
 _linear.register_backend("jax", matmul)
 _dot.register_dot("jax", dot, _supports)
+_quant.register_barrier("jax", barrier)
