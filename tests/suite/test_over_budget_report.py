@@ -1,7 +1,8 @@
 """The regrowth guard (issue #53): a test call over the per-test budget is
 listed at the end of a `make test` run by name and seconds, slowest first;
 setup and teardown do not count, and the run is not failed by it
-(tests/conftest.py, pytest_terminal_summary)."""
+(tests/conftest.py, pytest_terminal_summary); .ci/run's per-target times
+start their own lines."""
 from tests import conftest
 
 
@@ -15,3 +16,20 @@ def test_the_list_names_slow_calls_only():
                _Report("c", "setup", 40.0), _Report("d", "call", 31.5)]
     assert conftest.over_budget(reports) == [("d", 31.5), ("a", 16.0)]
     assert conftest.TEST_SECONDS == 15.0
+
+
+def test_ci_prints_each_targets_time_on_a_line_of_its_own():
+    """.ci/run's per-target line starts a line even when the target's last
+    output lacked its newline (the current profile's exit, Triton's
+    nanobind leak report): `^=== ci:` finds every target."""
+    import os
+    import re
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, ".ci", "run")) as f:
+        func = re.search(r"^run_target\(\) \{.*?^\}$", f.read(), re.S | re.M).group(0)
+    script = ("make() { printf 'no newline at the end'; }\nSUMMARY=''\n" + func
+              + "\nrun_target current 4 current\n")
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True,
+                         timeout=30).stdout
+    assert re.search(r"^=== ci: current +0:00  \(budget  4:00\)$", out, re.M), out
