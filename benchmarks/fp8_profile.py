@@ -13,7 +13,9 @@ GEMMs, fusions, copies/transposes, other) and DIR/<variant>_optimized.hlo.gz
 (the optimized program, to read which fusion a kernel is). Each fusion
 kernel's row also gives the bytes at its boundary (its operands and results,
 read from that program) and the bandwidth that makes per call: how far a
-memory-bound kernel is from the card's. On XLA:CPU (--smoke) the "device"
+memory-bound kernel is from the card's. Each variant also counts the fusions
+with a buried reduction (`buried_reductions`) and the traced time of those
+among its kernels. On XLA:CPU (--smoke) the "device"
 is the host's XLA ops: a check of the script. ``--report DIR`` rewrites
 DIR/fp8_profile.md from a run's saved files.
 """
@@ -70,6 +72,36 @@ def fusion_bytes(hlo: str) -> dict[str, int]:
     return {name.replace(".", "_"): nbytes(typ) + sum(nbytes(instrs[o][0])
                                                      for o in operands if o in instrs)
             for name, (typ, opcode, operands, _) in instrs.items() if opcode == "fusion"}
+
+
+def buried_reductions(hlo: str) -> dict[str, list[str]]:
+    """{kernel name: the types its buried reductions read} over an optimized
+    program's fusions. A reduce is buried when no output of its fusion (the
+    ROOT, or each element of a ROOT tuple) has its shape: not a reduction
+    fusion's result (nor its elementwise epilogue's) but an elemental
+    producer of something else. E.g. the last stage of an amax inside delayed
+    scaling's history concatenate, where one thread may reduce it serially
+    (the H100 profile; xla_amp.fp8._quant.pinned_amax is the candidate fix)."""
+    from tests.support.fp8 import computations, parse
+    comps = computations(hlo)
+    out = {}
+    for name, (_, opcode, _, attrs) in parse(hlo).items():
+        called = re.search(r"calls=%?([\w.\-]+)", attrs) if opcode == "fusion" else None
+        if called is None or called.group(1) not in comps:
+            continue
+        root, body = comps[called.group(1)]
+        written = body[root][2] if body[root][1] == "tuple" else [root]
+        shapes = {_dims(body[w][0]) for w in written if w in body}
+        reads = [body[i[2][0]][0].split("{")[0] for i in body.values()
+                 if i[1] == "reduce" and _dims(i[0]) not in shapes and i[2][0] in body]
+        if reads:
+            out[name.replace(".", "_")] = reads
+    return out
+
+
+def _dims(typ: str) -> str:
+    """The dimensions of an array type ("bf16[8192]{0}": "[8192]")."""
+    return "[" + typ.split("[", 1)[1].split("]")[0] + "]" if "[" in typ else typ
 
 
 def with_traffic(kernels: dict, traffic: dict) -> None:
@@ -130,7 +162,7 @@ def profile(model: str, variant: str, args) -> dict:
     for n, r in per_step.items():
         kinds[kind(n)] += r["ms"]
     return {"kernels": per_step, "by_kind_ms": dict(kinds), "total_ms": sum(kinds.values()),
-            "lines": lines}
+            "lines": lines, "buried": buried_reductions(hlo)}
 
 
 def report(results: dict) -> str:
@@ -142,8 +174,17 @@ def report(results: dict) -> str:
         rows += ["", "| kernel | calls/step | ms/step | MB/call | GB/s |", "|---|---|---|---|---|"]
         rows += [f"| `{n[:90]}` | {k['calls']:.1f} | {k['ms']:.3f} | {_traffic(k)} |"
                  for n, k in list(r["kernels"].items())[:25]]
-        rows.append("")
+        rows += ["", _buried_line(r), ""]
     return "\n".join(rows)
+
+
+def _buried_line(r: dict) -> str:
+    buried = r.get("buried", {})
+    hit = [k for n, k in r["kernels"].items() if n.replace(".", "_") in buried]
+    return (f"Fusions with a buried reduction (buried_reductions): {len(buried)} in the "
+            f"program ({', '.join(sorted({t for ts in buried.values() for t in ts}))}); "
+            f"traced kernels among them {sum(k['calls'] for k in hit):.0f} a step, "
+            f"{sum(k['ms'] for k in hit):.3f} ms.")
 
 
 def _traffic(kernel: dict) -> str:
@@ -161,7 +202,9 @@ def rereport(out: str) -> None:
         results = json.load(f)
     for variant, r in results.items():
         with gzip.open(os.path.join(out, f"{variant}_optimized.hlo.gz"), "rt") as f:
-            with_traffic(r["kernels"], fusion_bytes(f.read()))
+            hlo = f.read()
+        with_traffic(r["kernels"], fusion_bytes(hlo))
+        r["buried"] = buried_reductions(hlo)
     with open(os.path.join(out, "fp8_profile.md"), "w") as f:
         f.write(report(results))
 

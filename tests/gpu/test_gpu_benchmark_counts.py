@@ -57,3 +57,56 @@ def test_profile_counts_a_fusions_bytes_from_its_operand_and_result_types():
     assert got == {"gemm_fusion_dot_1": 64 * 32 * 2 + 32 * 16 * 2 + 64 * 16 * 2,
                    "input_convert_transpose_fusion_3": 64 * 32 * 2 + 2 * 64 * 32}
     assert fp8_profile.nbytes("(f32[3], s8[4194304]{0})") == 12 + 4194304
+
+
+# Three fusions of an optimized program: the last stage of an amax inside a
+# history's concatenate (buried: the H100 profile's serial kernels), a
+# reduction whose result is converted (its epilogue), and a multi-output
+# reduction that also writes an elementwise result.
+FUSIONS = """\
+%fused_concatenate.1 (param_0: f32[3,16], param_1: f32[4096]) -> f32[3,16] {
+  %param_1 = f32[4096]{0} parameter(1)
+  %c = f32[] constant(-inf)
+  %reduce_max.1 = f32[] reduce(%param_1, %c), dimensions={0}, to_apply=%max
+  %bitcast.1 = f32[1,1]{1,0} bitcast(%reduce_max.1)
+  %param_0 = f32[3,16]{1,0} parameter(0)
+  %slice.1 = f32[3,15]{1,0} slice(%param_0), slice={[0:3], [0:15]}
+  %slice.2 = f32[2,1]{1,0} slice(%param_0), slice={[1:3], [15:16]}
+  %concatenate.0 = f32[3,1]{1,0} concatenate(%bitcast.1, %slice.2), dimensions={0}
+  ROOT %concatenate.1 = f32[3,16]{1,0} concatenate(%concatenate.0, %slice.1), dimensions={1}
+}
+
+%fused_reduce.2 (param_0.1: bf16[8192]) -> f32[] {
+  %param_0.1 = bf16[8192]{0} parameter(0)
+  %c.1 = bf16[] constant(-inf)
+  %reduce_max.2 = bf16[] reduce(%param_0.1, %c.1), dimensions={0}, to_apply=%max
+  ROOT %convert.2 = f32[] convert(%reduce_max.2)
+}
+
+%fused_add_reduce.3 (param_0.2: f32[64,32]) -> (f32[64], f32[64,32]) {
+  %param_0.2 = f32[64,32]{1,0} parameter(0)
+  %add.3 = f32[64,32]{1,0} add(%param_0.2, %param_0.2)
+  %c.2 = f32[] constant(0)
+  %reduce.3 = f32[64]{0} reduce(%add.3, %c.2), dimensions={1}, to_apply=%sum
+  ROOT %tuple.3 = (f32[64]{0}, f32[64,32]{1,0}) tuple(%reduce.3, %add.3)
+}
+
+ENTRY %main.4 (h: f32[3,16], a: f32[4096], b: bf16[8192], x: f32[64,32]) -> f32[3,16] {
+  %h = f32[3,16]{1,0} parameter(0)
+  %a = f32[4096]{0} parameter(1)
+  %b = bf16[8192]{0} parameter(2)
+  %x = f32[64,32]{1,0} parameter(3)
+  %input_reduce_fusion.2 = f32[] fusion(%b), kind=kCustom, calls=%fused_reduce.2
+  %input_add_reduce_fusion.3 = (f32[64]{0}, f32[64,32]{1,0}) fusion(%x), kind=kInput, calls=%fused_add_reduce.3
+  ROOT %input_concatenate_fusion.1 = f32[3,16]{1,0} fusion(%h, %a), kind=kInput, calls=%fused_concatenate.1
+}
+"""
+
+
+def test_profile_finds_the_reductions_buried_in_other_fusions():
+    """fp8_profile.buried_reductions: a reduce that no output of its fusion
+    has the shape of (the amax stage inside the history's concatenate, which
+    xla_amp.fp8._quant.pinned_amax should take out on XLA:GPU); a reduction
+    fusion's own result, converted or beside an elementwise output, is not."""
+    assert fp8_profile.buried_reductions(FUSIONS) == {"input_concatenate_fusion_1": ["f32[4096]"]}
+    assert fp8_profile.buried_reductions(OPTIMIZED) == {}

@@ -48,6 +48,25 @@ def parse(hlo: str) -> dict[str, tuple[str, str, list[str], str]]:
     return out
 
 
+def computations(hlo: str) -> dict[str, tuple[str, dict]]:
+    """computation name -> (its ROOT's name, its instructions as `parse`
+    gives them): a computation starts at an unindented line that ends in
+    "{" ("%fused_x.1 (...) -> f32[3] {", "ENTRY %main.4 (...) -> ... {")."""
+    out, name, root, body = {}, None, "", {}
+    for line in hlo.splitlines():
+        if line and not line[0].isspace() and line.rstrip().endswith("{"):
+            name, root, body = line.replace("ENTRY ", "").split()[0].lstrip("%"), "", {}
+        elif name is not None and line.strip() == "}":
+            out[name] = (root, body)
+            name = None
+        elif name is not None:
+            got = parse(line)
+            body.update(got)
+            if line.lstrip().startswith("ROOT ") and got:
+                root = next(iter(got))
+    return out
+
+
 def _elem(typ: str) -> str:
     return typ.split("[")[0]
 
