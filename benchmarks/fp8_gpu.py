@@ -17,7 +17,8 @@ H100 run), ``fp8-fast-none`` and ``fp8-bf16-out`` (Fp8Recipe(gemm_output=
 (--variants); ``-pinned`` after an fp8 variant (``fp8-bf16-out-pinned``)
 traces its step with each amax behind an optimization barrier
 (xla_amp.fp8._quant.pinned_amax: the same values; whether XLA:GPU then keeps
-the amaxes' last reduction stage out of the history's serial concatenate). Engines, where they run: ``torchax``
+the amaxes' last reduction stage out of the history's serial concatenate).
+Engines, where they run: ``torchax``
 (xla_amp.torchax.make_train_step, optax.adamw) always; ``torch_xla``
 (autocast + GradScaler + syncfree.AdamW) where torch_xla is installed: not on
 the lent GPU's image, so there it is reported as not run.
@@ -134,7 +135,8 @@ def gemm_counts(lowered: str, optimized: str) -> dict:
     opt_dots = dots(optimized)
     gemms = len(calls) + triton or len(opt_dots)
     return {**barriers, "lowered_dots": len(low),
-            "lowered_fp8_dots": sum(fp8_dot(e) for e in low), "gemms": gemms, "cublas_fp8": calls.count("__cublas$lt$matmul$f8"),
+            "lowered_fp8_dots": sum(fp8_dot(e) for e in low), "gemms": gemms,
+            "cublas_fp8": calls.count("__cublas$lt$matmul$f8"),
             "cublas": len(calls), "triton_gemms": triton,
             "optimized_fp8_dots": sum(fp8_dot(e) for e in opt_dots)}
 
