@@ -13,7 +13,8 @@ GEMMs, fusions, copies/transposes, other) and DIR/<variant>_optimized.hlo.gz
 (the optimized program, to read which fusion a kernel is). Each fusion
 kernel's row also gives the bytes at its boundary (its operands and results,
 read from that program) and the bandwidth that makes per call: how far a
-memory-bound kernel is from the card's. Each variant also counts the fusions
+memory-bound kernel is from the card's. Each variant also sums its time by
+`role` (GEMMs, quantizations, reductions, casts, ...) and counts the fusions
 with a buried reduction (`buried_reductions`) and the traced time of those
 among its kernels. On XLA:CPU (--smoke) the "device"
 is the host's XLA ops: a check of the script. ``--report DIR`` rewrites
@@ -37,13 +38,33 @@ from benchmarks import fp8_gpu
 
 def kind(name: str) -> str:
     n = name.lower()
-    if "gemm" in n or "cublas" in n or "matmul" in n or "sm90_xmma" in n or "cutlass" in n:
+    if any(k in n for k in ("gemm", "cublas", "matmul", "sm90_xmma", "cutlass", "nvjet")):
         return "gemm"
     if "transpose" in n or "copy" in n:
         return "copy/transpose"
     if "fusion" in n or "reduce" in n or "loop_" in n or "input_" in n:
         return "fusion"
     return "other"
+
+
+def role(name: str, typ: str) -> str:
+    """What a kernel does in an fp8 or bf16 step, from its name and its
+    fusion's result type in the optimized program ("" if not a fusion):
+    quantizations by their float8 results, the history's concatenates,
+    reductions that also write elementwise results (AdamW's update, GELU's
+    backward, with amax stages fused in), other reductions, casts."""
+    if kind(name) == "gemm":
+        return "GEMM"
+    layouts = typ.count("f8e")
+    if layouts:
+        return "quantize, both layouts" if layouts > 1 else "quantize"
+    if "concatenate" in name:
+        return "amax history / stacks"
+    if "reduce" in name:
+        return "reduction with outputs" if typ.startswith("(") else "reduction"
+    if "convert" in name:
+        return "cast"
+    return "other fusion" if kind(name) == "fusion" else "other"
 
 
 _BYTES = {"f64": 8, "s64": 8, "u64": 8, "f32": 4, "s32": 4, "u32": 4, "bf16": 2, "f16": 2,
@@ -157,12 +178,24 @@ def profile(model: str, variant: str, args) -> dict:
         events, lines = device_events(traces[0])
     per_step = {n: {"calls": c / args.steps, "ms": ns / 1e6 / args.steps}
                 for n, (c, ns) in sorted(events.items(), key=lambda kv: -kv[1][1])}
-    with_traffic(per_step, fusion_bytes(hlo))
-    kinds = collections.Counter()
-    for n, r in per_step.items():
-        kinds[kind(n)] += r["ms"]
-    return {"kernels": per_step, "by_kind_ms": dict(kinds), "total_ms": sum(kinds.values()),
-            "lines": lines, "buried": buried_reductions(hlo)}
+    out = {"kernels": per_step, "lines": lines}
+    summarize(out, hlo)
+    return out
+
+
+def summarize(r: dict, hlo: str) -> None:
+    """A variant's profile `r` ({"kernels": ...}) summed and read against its
+    optimized program: ms per step by `kind` and by `role`, the total, each
+    fusion kernel's bytes, the buried reductions (--report redoes this)."""
+    from tests.support.fp8 import parse
+    with_traffic(r["kernels"], fusion_bytes(hlo))
+    types = {n.replace(".", "_"): t for n, (t, _, _, _) in parse(hlo).items()}
+    kinds, roles = collections.Counter(), collections.Counter()
+    for n, k in r["kernels"].items():
+        kinds[kind(n)] += k["ms"]
+        roles[role(n, types.get(n.replace(".", "_"), ""))] += k["ms"]
+    r.update(by_kind_ms=dict(kinds), by_role_ms=dict(roles), total_ms=sum(kinds.values()),
+             buried=buried_reductions(hlo))
 
 
 def report(results: dict) -> str:
@@ -171,6 +204,9 @@ def report(results: dict) -> str:
         rows += [f"### {variant}: {r['total_ms']:.2f} ms of kernels per step", "",
                  "| kind | ms/step |", "|---|---|"]
         rows += [f"| {k} | {ms:.2f} |" for k, ms in sorted(r["by_kind_ms"].items())]
+        rows += ["", "| role | ms/step |", "|---|---|"]
+        rows += [f"| {k} | {ms:.2f} |" for k, ms in sorted(r.get("by_role_ms", {}).items(),
+                                                            key=lambda kv: -kv[1])]
         rows += ["", "| kernel | calls/step | ms/step | MB/call | GB/s |", "|---|---|---|---|---|"]
         rows += [f"| `{n[:90]}` | {k['calls']:.1f} | {k['ms']:.3f} | {_traffic(k)} |"
                  for n, k in list(r["kernels"].items())[:25]]
@@ -202,9 +238,7 @@ def rereport(out: str) -> None:
         results = json.load(f)
     for variant, r in results.items():
         with gzip.open(os.path.join(out, f"{variant}_optimized.hlo.gz"), "rt") as f:
-            hlo = f.read()
-        with_traffic(r["kernels"], fusion_bytes(hlo))
-        r["buried"] = buried_reductions(hlo)
+            summarize(r, f.read())
     with open(os.path.join(out, "fp8_profile.md"), "w") as f:
         f.write(report(results))
 

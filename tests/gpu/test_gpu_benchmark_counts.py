@@ -40,10 +40,29 @@ def test_every_gemm_is_counted_by_operand_types():
 
 
 def test_profile_kinds_of_kernel_names():
+    """cuBLAS's Hopper GEMMs run as nvjet_sm90_* kernels (the H100 profile)."""
     assert [fp8_profile.kind(n) for n in (
         "sm90_xmma_gemm_e4m3e4m3_f32", "loop_convert_fusion_3", "transpose_2",
-        "input_reduce_fusion", "memset")] == ["gemm", "fusion", "copy/transpose", "fusion",
-                                              "other"]
+        "input_reduce_fusion", "memset", "nvjet_sm90_qqsss_256x128_128x4_1x2_h_bz_coopA_TNT")
+    ] == ["gemm", "fusion", "copy/transpose", "fusion", "other", "gemm"]
+
+
+def test_profile_roles_from_kernel_names_and_result_types():
+    """fp8_profile.role: a quantization by its float8 results (one layout or
+    both), the history's concatenates, reductions with and without
+    elementwise outputs, casts."""
+    cases = {("nvjet_sm90_qrsss_144x128", ""): "GEMM",
+             ("input_convert_transpose_fusion_20",
+              "(f8e4m3fn[16384,8192]{1,0}, f8e4m3fn[8192,16384]{1,0})"): "quantize, both layouts",
+             ("loop_convert_fusion_2", "f8e4m3fn[16384,4096]{1,0}"): "quantize",
+             ("input_concatenate_fusion_15", "f32[3,16]{1,0}"): "amax history / stacks",
+             ("input_add_reduce_fusion_6", "(f32[4096]{0}, f32[4096,16384]{1,0})"):
+                 "reduction with outputs",
+             ("input_reduce_fusion_11", "f32[8192]{0}"): "reduction",
+             ("wrapped_convert_5", "bf16[16384,4096]{1,0}"): "cast",
+             ("loop_add_fusion_3", "bf16[8192,16384]{1,0}"): "other fusion",
+             ("Memset 0", ""): "other"}
+    assert {k: fp8_profile.role(*k) for k in cases} == cases
 
 
 def test_profile_counts_a_fusions_bytes_from_its_operand_and_result_types():
