@@ -47,6 +47,13 @@ def kind(name: str) -> str:
     return "other"
 
 
+def kernel_name(name: str) -> str:
+    """A fusion's or kernel's name as the GPU profile gives it: "." as "_"
+    (``input_reduce_fusion.3`` runs as ``input_reduce_fusion_3``; XLA:CPU
+    keeps the ".")."""
+    return name.replace(".", "_")
+
+
 def role(name: str, typ: str) -> str:
     """What a kernel does in an fp8 or bf16 step, from its name and its
     fusion's result type in the optimized program ("" if not a fusion):
@@ -85,12 +92,11 @@ def nbytes(typ: str) -> int:
 
 def fusion_bytes(hlo: str) -> dict[str, int]:
     """{kernel name: bytes of the fusion's operands and results} over an
-    optimized program's fusions. A kernel is named after its fusion, "."
-    as "_" (``input_reduce_fusion.3`` runs as ``input_reduce_fusion_3``).
-    An operand the fusion reads only in part (a slice) counts whole."""
+    optimized program's fusions. A kernel is named after its fusion
+    (kernel_name). An operand the fusion reads only in part (a slice) counts whole."""
     from tests.support.fp8 import parse
     instrs = parse(hlo)
-    return {name.replace(".", "_"): nbytes(typ) + sum(nbytes(instrs[o][0])
+    return {kernel_name(name): nbytes(typ) + sum(nbytes(instrs[o][0])
                                                      for o in operands if o in instrs)
             for name, (typ, opcode, operands, _) in instrs.items() if opcode == "fusion"}
 
@@ -103,10 +109,11 @@ def buried_reductions(hlo: str) -> dict[str, list[str]]:
     producer of something else. E.g. the last stage of an amax inside delayed
     scaling's history concatenate, where one thread may reduce it serially
     (the H100 profile; xla_amp.fp8._quant.pinned_amax is the candidate fix)."""
-    from tests.support.fp8 import computations, parse
+    from tests.support.fp8 import computations
     comps = computations(hlo)
+    instrs = {n: i for _, body in comps.values() for n, i in body.items()}
     out = {}
-    for name, (_, opcode, _, attrs) in parse(hlo).items():
+    for name, (_, opcode, _, attrs) in instrs.items():
         called = re.search(r"calls=%?([\w.\-]+)", attrs) if opcode == "fusion" else None
         if called is None or called.group(1) not in comps:
             continue
@@ -116,21 +123,22 @@ def buried_reductions(hlo: str) -> dict[str, list[str]]:
         reads = [body[i[2][0]][0].split("{")[0] for i in body.values()
                  if i[1] == "reduce" and _dims(i[0]) not in shapes and i[2][0] in body]
         if reads:
-            out[name.replace(".", "_")] = reads
+            out[kernel_name(name)] = reads
     return out
 
 
 def _dims(typ: str) -> str:
-    """The dimensions of an array type ("bf16[8192]{0}": "[8192]")."""
-    return "[" + typ.split("[", 1)[1].split("]")[0] + "]" if "[" in typ else typ
+    """The dimensions of an array type ("bf16[8192]{0}": "8192")."""
+    m = _ARRAY.search(typ)
+    return m.group(2) if m else typ
 
 
 def with_traffic(kernels: dict, traffic: dict) -> None:
     """Adds "bytes" to each kernel row that is a fusion of `traffic`
     (fusion_bytes; XLA:CPU names its kernels with the ".")."""
     for n, row in kernels.items():
-        if n.replace(".", "_") in traffic:
-            row["bytes"] = traffic[n.replace(".", "_")]
+        if kernel_name(n) in traffic:
+            row["bytes"] = traffic[kernel_name(n)]
 
 
 def device_events(xplane: str) -> tuple[dict, dict]:
@@ -189,11 +197,11 @@ def summarize(r: dict, hlo: str) -> None:
     fusion kernel's bytes, the buried reductions (--report redoes this)."""
     from tests.support.fp8 import parse
     with_traffic(r["kernels"], fusion_bytes(hlo))
-    types = {n.replace(".", "_"): t for n, (t, _, _, _) in parse(hlo).items()}
+    types = {kernel_name(n): t for n, (t, _, _, _) in parse(hlo).items()}
     kinds, roles = collections.Counter(), collections.Counter()
     for n, k in r["kernels"].items():
         kinds[kind(n)] += k["ms"]
-        roles[role(n, types.get(n.replace(".", "_"), ""))] += k["ms"]
+        roles[role(n, types.get(kernel_name(n), ""))] += k["ms"]
     r.update(by_kind_ms=dict(kinds), by_role_ms=dict(roles), total_ms=sum(kinds.values()),
              buried=buried_reductions(hlo))
 
@@ -216,7 +224,7 @@ def report(results: dict) -> str:
 
 def _buried_line(r: dict) -> str:
     buried = r.get("buried", {})
-    hit = [k for n, k in r["kernels"].items() if n.replace(".", "_") in buried]
+    hit = [k for n, k in r["kernels"].items() if kernel_name(n) in buried]
     return (f"Fusions with a buried reduction (buried_reductions): {len(buried)} in the "
             f"program ({', '.join(sorted({t for ts in buried.values() for t in ts}))}); "
             f"traced kernels among them {sum(k['calls'] for k in hit):.0f} a step, "
