@@ -165,6 +165,20 @@ def device():
     return torch_xla.device()
 
 
+@pytest.fixture
+def emit_collectives(monkeypatch):
+    """Replica-mode collectives in a one-replica process's HLO: PyTorch/XLA's
+    own XLA_ALWAYS_ALLREDUCE switch (they do not execute across replicas on
+    XLA:CPU, pytorch/xla issue 5005, so replica mode is checked by HLO)."""
+    import torch_xla
+    monkeypatch.setenv("XLA_ALWAYS_ALLREDUCE", "1")
+    yield
+    # PyTorch/XLA shares device data between equal 0-dim tensors (a fresh
+    # scaler's scale and the last one's): run what is pending so the next
+    # test's HLO holds only its own graph.
+    torch_xla.sync()
+
+
 
 # `make test` runs on two pytest-xdist workers, and a test file is the unit
 # of work: its tests run in order on one worker. Many files cache what their

@@ -123,15 +123,32 @@ def all_reduce_gradients(optimizer, groups: Optional[list[list[int]]] = None,
     return len(parts)
 
 
+def check_replica_groups(groups) -> None:
+    """ValueError unless `groups` (None: all replicas) partition this
+    process's replicas; nothing to check under SPMD. For callers that take
+    `groups` now and reduce later (xla_amp.fp8.attach)."""
+    _, xr = _runtime()
+    if not xr.is_spmd():
+        _check_groups(groups, xr.world_size())
+
+
+def reduce_max_(tensors: Sequence[torch.Tensor], groups=None, pin_layout: bool = True) -> int:
+    """MAX-reduce `tensors` over the replicas in place, as one collective.
+    Nothing under SPMD (the compiler reduces) or for no tensors; PyTorch/XLA
+    skips it for one replica. Returns the number of collectives emitted."""
+    xm, xr = _runtime()
+    if xr.is_spmd() or not tensors:
+        return 0
+    _check_groups(groups, xr.world_size())
+    xm.all_reduce(xm.REDUCE_MAX, list(tensors), groups=groups or [], pin_layout=pin_layout)
+    return 1
+
+
 def reduce_found_inf_(found_inf: Sequence[torch.Tensor], groups=None,
                       pin_layout: bool = True) -> None:
     """MAX-reduce skip flags over replicas in place: one replica's overflow
     skips the step on all of them."""
-    xm, xr = _runtime()
-    if xr.is_spmd() or not found_inf:
-        return
-    _check_groups(groups, xr.world_size())
-    xm.all_reduce(xm.REDUCE_MAX, list(found_inf), groups=groups or [], pin_layout=pin_layout)
+    reduce_max_(found_inf, groups, pin_layout)
 
 
 def optimizer_step(optimizer, scaler=None, groups: Optional[list[list[int]]] = None,

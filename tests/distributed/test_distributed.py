@@ -62,16 +62,6 @@ def _hlo(tensors):
     return hlo(*tensors)
 
 
-@pytest.fixture
-def emit_collectives(monkeypatch):
-    monkeypatch.setenv("XLA_ALWAYS_ALLREDUCE", "1")
-    yield
-    # PyTorch/XLA shares device data between equal 0-dim tensors (a fresh
-    # scaler's scale and the last one's): run what is pending so the next
-    # test's HLO holds only its own graph.
-    torch_xla.sync()
-
-
 def test_replica_hlo_buckets_and_mean_scale(device, emit_collectives):
     model = _model(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

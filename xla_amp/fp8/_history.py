@@ -1,6 +1,7 @@
 """Delayed scaling's history: rolled once per optimizer step.
 
-    update_scales(model, found_inf=None)     after the optimizer step
+    update_scales(model, found_inf=None, groups=None)   after the optimizer step
+        replica mode: pending = MAX over the replicas of pending   (one collective)
         for each Fp8Linear with delayed scaling:
             history' = [pending, history[:, :-1]]      (newest first)
             amax     = max(history') | history'[:, 0]  (amax_compute)
@@ -38,13 +39,41 @@ def roll(recipe, hist, pending, scale, found_inf=None):
     return new_hist, new_scale
 
 
+def _delayed(model: nn.Module) -> list[Fp8Linear]:
+    return [m for m in model.modules()
+            if isinstance(m, Fp8Linear) and m.recipe.scaling == "delayed"]
+
+
+def _replicated(modules: list[Fp8Linear], groups, caller: str) -> bool:
+    """Whether the pending amaxes live where replicas may hold other values
+    (torch_xla's devices: replica mode); `groups` only means something there,
+    and is refused anywhere else."""
+    devices = {m.fp8_amax_pending.device.type for m in modules}
+    if groups is not None and devices != {"xla"}:
+        where = (f"its delayed-scaling buffers are on {', '.join(sorted(devices))}" if devices
+                 else "it has no delayed-scaling layer")
+        raise ValueError(f"fp8.{caller}: groups={groups!r} names torch_xla replica groups "
+                         f"for the amax histories, and this model has none to reduce: {where}")
+    return devices == {"xla"}
+
+
 @torch.no_grad()
-def update_scales(model: nn.Module, found_inf: torch.Tensor | None = None) -> None:
+def update_scales(model: nn.Module, found_inf: torch.Tensor | None = None,
+                  groups: list[list[int]] | None = None) -> None:
     """Rolls every delayed-scaling layer's amax history; see the module docstring.
-    Call once per optimizer step, after it."""
-    for module in model.modules():
-        if not isinstance(module, Fp8Linear) or module.recipe.scaling != "delayed":
-            continue
+    Call once per optimizer step, after it.
+
+    In torch_xla's replica mode (several replicas, not SPMD) each replica
+    has seen only its own shard of the batch: the pending amaxes are first
+    MAX-reduced over the replicas (`groups`: torch_xla's replica groups,
+    default all), one collective for every layer, so that every replica
+    rolls the history of the global batch and keeps the same scales.
+    SPMD computes the global amax itself, and one replica needs nothing."""
+    modules = _delayed(model)
+    if _replicated(modules, groups, "update_scales"):
+        from xla_amp import distributed
+        distributed.reduce_max_([m.fp8_amax_pending for m in modules], groups)
+    for module in modules:
         new_hist, new_scale = roll(module.recipe, module.fp8_amax_history,
                                    module.fp8_amax_pending, module.fp8_scale, found_inf)
         module.fp8_amax_history.copy_(new_hist)
@@ -52,14 +81,21 @@ def update_scales(model: nn.Module, found_inf: torch.Tensor | None = None) -> No
         module.fp8_amax_pending.zero_()
 
 
-def attach(optimizer: torch.optim.Optimizer, model: nn.Module):
+def attach(optimizer: torch.optim.Optimizer, model: nn.Module,
+           groups: list[list[int]] | None = None):
     """Rolls `model`'s fp8 histories after each ``optimizer.step`` (skipped
-    steps, found_inf set, leave them). Returns the hook handle."""
+    steps, found_inf set, leave them), reducing over the replica `groups`
+    as `update_scales` does (checked here, before the first step). Call
+    once the model is on its device. Returns the hook handle."""
+    if _replicated(_delayed(model), groups, "attach"):
+        from xla_amp import distributed
+        distributed.check_replica_groups(groups)
+
     def hook(opt, args, kwargs):
         # found_inf: a syncfree step's argument, or the GradScaler's for any
         # other optimizer it steps (xla_amp/scaler/_step.py)
         found_inf = kwargs.get("found_inf")
         if found_inf is None:
             found_inf = getattr(opt, "_xla_amp_found_inf", None)
-        update_scales(model, found_inf)
+        update_scales(model, found_inf, groups)
     return optimizer.register_step_post_hook(hook)
