@@ -7,7 +7,8 @@ float32 result (the form XLA:GPU turns into cuBLASLt fp8 GEMMs; docs/fp8.md).
     Fp8Recipe      the scaling recipe (_recipe.py)
     convert        nn.Linear / Conv1D -> Fp8Linear, in place (_convert.py)
     Fp8Linear      the layer and its float8 matmuls (_linear.py)
-    update_scales  roll the amax histories after a step; attach does it
+    update_scales  roll the amax histories after a step (in replica mode
+                   MAX-reduced over the replicas first); attach does it
                    after every optimizer.step (_history.py)
     report         per-layer scales, saturated and underflow fractions,
                    read in one transfer between steps; .fallback: layers
