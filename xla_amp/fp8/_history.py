@@ -39,9 +39,15 @@ def roll(recipe, hist, pending, scale, found_inf=None):
     return new_hist, new_scale
 
 
-def _delayed(model: nn.Module) -> list[Fp8Linear]:
-    return [m for m in model.modules()
+def delayed_layers(model: nn.Module) -> list[tuple[str, Fp8Linear]]:
+    """(name, layer) of every delayed-scaling Fp8Linear of `model`, in module
+    order: the layers a roll touches (also xla_amp.torchax's jitted step)."""
+    return [(n, m) for n, m in model.named_modules()
             if isinstance(m, Fp8Linear) and m.recipe.scaling == "delayed"]
+
+
+def _delayed(model: nn.Module) -> list[Fp8Linear]:
+    return [m for _, m in delayed_layers(model)]
 
 
 def _replicated(modules: list[Fp8Linear], groups, caller: str) -> bool:

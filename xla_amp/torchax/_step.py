@@ -82,10 +82,9 @@ class TrainStep:
                                 fused_attention=fused_attention)
         self.scaler = scaler or LossScaler(enabled=False)
         self.model, self.loss_fn, self.mesh, self.sharding = model, loss_fn, mesh, sharding
-        from xla_amp.fp8 import Fp8Linear
+        from xla_amp.fp8._history import delayed_layers
         # delayed-scaling fp8 layers: their amax(g) comes back as a probe's gradient
-        self._fp8 = [(n, m) for n, m in model.named_modules()
-                     if isinstance(m, Fp8Linear) and m.recipe.scaling == "delayed"]
+        self._fp8 = delayed_layers(model)
         names_by_id = {id(p): n for n, p in model.named_parameters()}
         self.optimizer = _optim.adapter(optimizer, names_by_id)
         params = {n: p.detach() for n, p in model.named_parameters()}
