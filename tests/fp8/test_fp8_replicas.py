@@ -9,8 +9,6 @@ tests/distributed/test_distributed.py checks the gradients' and found_inf's.
 """
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 import torch.nn as nn
@@ -20,12 +18,7 @@ import xla_amp
 from xla_amp import fp8
 
 from tests.support import hlo
-
-# a MAX all-reduce and its result's types: the [3] pending amaxes of every
-# delayed layer, then PyTorch/XLA's f32[] token
-# ("(f32[3]{0}, f32[3]{0}, f32[]) all-reduce(...), ..., to_apply=%MaxComputation")
-MAX_ALL_REDUCE = re.compile(r"= \(?([^()=]*)\)? all-reduce\(.*to_apply=%MaxComputation")
-
+from tests.support.fp8 import parse
 
 def _model(device, scaling="delayed"):
     torch.manual_seed(0)
@@ -46,9 +39,11 @@ def _backward(model, device, scaler=None):
 
 def _max_reduces(model) -> list[int]:
     """Per MAX all-reduce in the graph of the model's fp8 buffers, how many
-    [3] amax vectors it reduces."""
+    [3] amax vectors it reduces (its result: "(f32[3]{0}, f32[3]{0}, f32[])",
+    the layers' pending amaxes, then PyTorch/XLA's token)."""
     text = hlo(*(b for m in _layers(model) for b in (m.fp8_amax_history, m.fp8_scale)))
-    return [m.group(1).split(", ").count("f32[3]{0}") for m in MAX_ALL_REDUCE.finditer(text)]
+    return [typ.count("f32[3]{0}") for typ, opcode, _, attrs in parse(text).values()
+            if opcode == "all-reduce" and "to_apply=%MaxComputation" in attrs]
 
 
 def test_replica_mode_reduces_every_layers_pending_amaxes_in_one_collective(
