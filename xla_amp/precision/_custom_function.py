@@ -25,17 +25,7 @@ import functools
 
 import torch
 
-
-def _engine_for(device_type: str):
-    """(active(), push(table), pop()) of the engine running `device_type`'s
-    regions, or None for a device xla_amp has no engine on."""
-    if device_type == "xla":
-        from xla_amp import _engine
-        return _engine.active_policy, _engine.push_compiled, _engine.pop
-    if device_type == torch._C._get_privateuse1_backend_name() != "privateuseone":
-        from xla_amp.privateuse1 import _kernels
-        return _kernels.active_table, _kernels.push, _kernels.pop
-    return None
+from xla_amp.precision._replay import record, replaying
 
 
 def custom_fwd(fwd=None, *, device_type: str = "xla", cast_inputs: torch.dtype | None = None):
@@ -59,8 +49,7 @@ def custom_fwd(fwd=None, *, device_type: str = "xla", cast_inputs: torch.dtype |
     def forward(ctx, *args, **kwargs):
         # Compiled (Dynamo traces this): the trace already runs under the
         # region's policy, and a call into _C would break the graph.
-        engine = None if torch.compiler.is_compiling() else _engine_for(device_type)
-        ctx._xla_amp_policy = (engine, engine[0]()) if engine is not None else None
+        ctx._xla_amp_policy = None if torch.compiler.is_compiling() else record(device_type)
         return inner(ctx, *args, **kwargs)
 
     return forward
@@ -77,14 +66,7 @@ def custom_bwd(bwd=None, *, device_type: str = "xla"):
 
     @functools.wraps(bwd)
     def backward(ctx, *grads):
-        recorded = getattr(ctx, "_xla_amp_policy", None)
-        if recorded is None or recorded[1] is None:
+        with replaying(getattr(ctx, "_xla_amp_policy", None)):
             return inner(ctx, *grads)
-        (_, push, pop), table = recorded
-        push(table)
-        try:
-            return inner(ctx, *grads)
-        finally:
-            pop()
 
     return backward

@@ -1,0 +1,110 @@
+"""Activation checkpointing recomputes under the region's policy.
+
+torch.utils.checkpoint (Transformers' gradient checkpointing, Lightning,
+Accelerate) and torch_xla.utils.checkpoint run a block's forward once
+without saving activations and again in the backward pass. The second run
+happens after the autocast region has closed, on autograd's thread: they
+restore autocast's enabled/dtype/cache by entering plain
+``torch.autocast("xla", ...)``, which runs the default policy (the device's,
+or set_default_policy's), not the region's. Under any other policy
+(``policy="cuda"`` forced, a `Policy` with overrides, a module policy's
+region around the call) the recomputed activations, and so every gradient
+behind them, silently came from other casts (torch.utils.checkpoint's
+non-reentrant form noticed the dtypes and raised; the reentrant forms did
+not).
+
+Algorithm::
+
+    checkpoint(function, *args) called inside a region (the hooks below):
+        recorded = _replay.record(device type of args)   # the region's policy
+        function -> in_region(function):
+            call: with _replay.replaying(recorded): function(...)
+    the forward call: the same policy pushed again (no change)
+    the recompute:    checkpoint's own autocast enter (enabled/dtype/cache),
+                      then the recorded policy: the forward's casts, bit for bit
+
+Hooks (torch 2.9's internals, checked at install; ImportError names a
+missing one): ``torch.utils.checkpoint.CheckpointFunction`` (reentrant),
+``torch.utils.checkpoint._checkpoint_without_reentrant_generator``
+(non-reentrant) and ``torch_xla.utils.checkpoint.CheckpointFunction``.
+Callers that bound the generator at import (torch.distributed's composable
+``checkpoint(module)``) are not reached.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+
+import torch
+
+from xla_amp.precision import _replay
+
+_installed = False
+
+
+def in_region(function, args):
+    """`function`, running under the policy active now for `args`' device
+    (unchanged where no xla_amp engine runs that device)."""
+    from torch.utils.checkpoint import _infer_device_type
+    recorded = _replay.record(_infer_device_type(*args))
+    if recorded is None:
+        return function
+
+    def replay(*a, **k):
+        with _replay.replaying(recorded):
+            return function(*a, **k)
+
+    owner = getattr(function, "__self__", None)
+    if inspect.ismethod(function) and isinstance(owner, torch.nn.Module):
+        # torch_xla's checkpoint reads a bound module method's parameters for
+        # its optimization barrier: stay a method of the same module
+        return types.MethodType(lambda _self, *a, **k: replay(*a, **k), owner)
+    return replay
+
+
+def _replaying_function(base):
+    class Replaying(base):
+        @classmethod
+        def apply(cls, function, preserve_rng_state, *args):
+            return super().apply(in_region(function, args), preserve_rng_state, *args)
+
+    Replaying.__name__ = Replaying.__qualname__ = base.__name__
+    Replaying.__module__ = base.__module__
+    Replaying._xla_amp_base = base
+    return Replaying
+
+
+def install() -> None:
+    """Hooks both checkpoint implementations (idempotent). Called on ``import xla_amp``."""
+    global _installed
+    if _installed:
+        return
+    import torch.utils.checkpoint as torch_checkpoint
+    import torch_xla.utils.checkpoint as xla_checkpoint
+    try:
+        reentrant = torch_checkpoint.CheckpointFunction
+        generator = torch_checkpoint._checkpoint_without_reentrant_generator
+        xla_reentrant = xla_checkpoint.CheckpointFunction
+        torch_checkpoint._infer_device_type  # noqa: B018
+    except AttributeError as e:
+        raise ImportError(
+            f"xla_amp: this torch's activation checkpointing lacks {e}; its recompute "
+            f"cannot replay xla_amp's policy (torch {torch.__version__}, tested with 2.9)"
+        ) from e
+
+    signature = inspect.signature(generator)
+    varargs = [p.name for p in signature.parameters.values() if p.kind is p.VAR_POSITIONAL]
+    if len(varargs) != 1:
+        raise ImportError(f"xla_amp: torch.utils.checkpoint's generator takes no *args "
+                          f"(torch {torch.__version__}, tested with 2.9)")
+
+    @functools.wraps(generator)
+    def without_reentrant(fn, *rest, **kwargs):
+        args = signature.bind(fn, *rest, **kwargs).arguments.get(varargs[0], ())
+        return generator(in_region(fn, args), *rest, **kwargs)
+
+    torch_checkpoint.CheckpointFunction = _replaying_function(reentrant)
+    torch_checkpoint._checkpoint_without_reentrant_generator = without_reentrant
+    xla_checkpoint.CheckpointFunction = _replaying_function(xla_reentrant)
+    _installed = True
