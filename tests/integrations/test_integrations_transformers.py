@@ -23,7 +23,7 @@ def dataset():
     return [{"input_ids": w, "labels": w} for w in src.view(STEPS * BATCH, CONTEXT)]
 
 
-def train(precision, tmp_path, trainer_cls=XLAAMPTrainer, **kw):
+def train(precision, tmp_path, trainer_cls=XLAAMPTrainer, gradient_checkpointing=False, **kw):
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=256, n_positions=CONTEXT, n_embd=64, n_layer=2,
                                      n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
@@ -44,7 +44,7 @@ def train(precision, tmp_path, trainer_cls=XLAAMPTrainer, **kw):
         # no pinned host memory: once a test in this worker imported torchax
         # (torch_xla's mark_sharding does), torch's accelerator is "jax" and
         # DataLoader pinning fails (docs/upstream/privateuse1_accelerator_...)
-        dataloader_pin_memory=False)
+        dataloader_pin_memory=False, gradient_checkpointing=gradient_checkpointing)
     trainer = trainer_cls(model=model, args=args, train_dataset=dataset(), **kw)
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -92,3 +92,18 @@ def test_fp8_through_the_trainer(fp32_losses, tmp_path):
     close(losses, fp32_losses, rel=0.03)
     assert (layers[0].fp8_amax_history[:, :STEPS - 4].cpu() > 0).all()  # rolled every step
     assert all(e == {} for e in env)
+
+
+def test_gradient_checkpointing_through_the_trainer(tmp_path):
+    """TrainingArguments(gradient_checkpointing=True), Transformers' own
+    (torch.utils.checkpoint, non-reentrant), under the tpu rules, which are not
+    XLA:CPU's default: every recompute replays them, so the 20 losses equal the
+    run without checkpointing bit for bit (the recompute under the default rules
+    raised CheckpointError; without xla_amp's ``torch.xla``, AttributeError)."""
+    plain, plain_losses, _, _ = train("bf16", tmp_path / "plain", xla_amp_policy="tpu")
+    trainer, losses, dtypes, _ = train("bf16", tmp_path / "checkpointed", xla_amp_policy="tpu",
+                                       gradient_checkpointing=True)
+    assert trainer.model.transformer.h[0].gradient_checkpointing
+    assert not plain.model.transformer.h[0].gradient_checkpointing
+    assert dtypes == {torch.bfloat16}
+    assert losses == plain_losses
