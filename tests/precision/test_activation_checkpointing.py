@@ -122,6 +122,16 @@ def test_compiled_checkpoint_matches_the_lazy_uncheckpointed_run(device, impleme
     assert_same(run(IMPLEMENTATIONS[implementation], True), want)
 
 
+def test_a_tensor_passed_by_keyword_only_is_recomputed_in_the_region(device):
+    """Non-reentrant checkpoints take keyword arguments. With the XLA tensor
+    only there, torch's own device inference answers "cuda": it restores
+    neither XLA's autocast state nor its seed. The recompute still runs in
+    the region (dtypes) and from the forward's seed (dropout masks)."""
+    def by_keyword(block, x):
+        return torch_checkpoint(lambda *, h: block(h), h=x, use_reentrant=False)
+    assert_same(_run(device, by_keyword, "tpu", None), _run(device, None, "tpu", None))
+
+
 def test_dropout_draws_differ_without_the_restored_seed(device):
     """The control for the seed: the same block without restoring the RNG
     draws other masks, so the equality above is the seed's doing."""

@@ -16,11 +16,14 @@ not).
 Algorithm::
 
     checkpoint(function, *args) called inside a region (the hooks below):
-        recorded = _replay.record(device type of args)   # the region's policy
+        recorded = _replay.record(the arguments' device type)   # the region's policy
+                   + autocast's enabled, dtype, cache for that device type
         function -> in_region(function):
-            call: with _replay.replaying(recorded): function(...)
+            call: with torch.amp.autocast(recorded state), _replay.replaying(recorded):
+                      function(...)
     the forward call: the same policy pushed again (no change)
-    the recompute:    checkpoint's own autocast enter (enabled/dtype/cache),
+    the recompute:    autocast's enabled/dtype/cache as recorded (torch's own
+                      restore misses them when the tensors come by keyword),
                       then the recorded policy: the forward's casts, bit for bit
 
 Hooks (torch 2.9's internals, checked at install; ImportError names a
@@ -43,17 +46,50 @@ from xla_amp.precision import _replay
 _installed = False
 
 
-def in_region(function, args):
-    """`function`, running under the policy active now for `args`' device
-    (unchanged where no xla_amp engine runs that device)."""
-    from torch.utils.checkpoint import _infer_device_type
-    recorded = _replay.record(_infer_device_type(*args))
+def _device_type(args, kwargs) -> str:
+    """The device type whose policy to record: the first of the arguments'
+    (keyword arguments too, unlike torch's own inference, which falls back to
+    "cuda") that an xla_amp engine runs, else "xla"."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor) and _replay.engine_for(value.device.type):
+            return value.device.type
+    return "xla"
+
+
+def _xla_seed(args, kwargs):
+    """(device, seed now) of the first XLA tensor among the arguments."""
+    import torch_xla.core.xla_model as xm
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor) and value.device.type == "xla":
+            return str(value.device), xm.get_rng_state(str(value.device))
+    return None
+
+
+def in_region(function, args, kwargs=None, keep_seed=False):
+    """`function`, running in the autocast region active now for its
+    arguments' device: autocast's enabled/dtype/cache (torch restores them
+    only for the device type it infers from positional arguments) and the
+    policy (unchanged where no policy is active). `keep_seed` (a recompute
+    torch keeps no XLA seed for): each call also starts from the XLA seed
+    of now, and leaves the generator as it found it."""
+    kwargs = kwargs or {}
+    device_type = _device_type(args, kwargs)
+    recorded = _replay.record(device_type)
     if recorded is None:
         return function
+    state = {"enabled": torch.is_autocast_enabled(device_type),
+             "dtype": torch.get_autocast_dtype(device_type),
+             "cache_enabled": torch.is_autocast_cache_enabled()}
+    seed = _xla_seed(args, kwargs) if keep_seed and device_type == "xla" else None
 
     def replay(*a, **k):
-        with _replay.replaying(recorded):
-            return function(*a, **k)
+        with torch.amp.autocast(device_type, **state), _replay.replaying(recorded):
+            if seed is None:
+                return function(*a, **k)
+            import torch_xla.core.xla_model as xm
+            with xm.fork_rng(seed[0]):
+                xm.set_rng_state(seed[1], seed[0])
+                return function(*a, **k)
 
     owner = getattr(function, "__self__", None)
     if inspect.ismethod(function) and isinstance(owner, torch.nn.Module):
@@ -101,8 +137,13 @@ def install() -> None:
 
     @functools.wraps(generator)
     def without_reentrant(fn, *rest, **kwargs):
-        args = signature.bind(fn, *rest, **kwargs).arguments.get(varargs[0], ())
-        return generator(in_region(fn, args), *rest, **kwargs)
+        bound = signature.bind(fn, *rest, **kwargs).arguments
+        args = bound.get(varargs[0], ())
+        # torch keeps the seed of the device type it infers from positional
+        # tensors only ("cuda" when there are none): keep the XLA one then
+        keep_seed = (bound.get("preserve_rng_state", True)
+                     and torch_checkpoint._infer_device_type(*args) != "xla")
+        return generator(in_region(fn, args, kwargs, keep_seed), *rest, **kwargs)
 
     torch_checkpoint.CheckpointFunction = _replaying_function(reentrant)
     torch_checkpoint._checkpoint_without_reentrant_generator = without_reentrant
