@@ -66,7 +66,7 @@ if _engines.available("torch_xla"):  # torch 2.9 + torch_xla: the native engine,
     _dynamo.install()
     from xla_amp.precision import _checkpointing, _xla_device_module
     _xla_device_module.install()  # torch.utils.checkpoint on XLA tensors: torch_xla has no torch.xla
-    _checkpointing.install()  # checkpoints recompute under the region's policy
+    _checkpointing.install(torch_xla=True)  # checkpoints recompute under the region's policy
     gpu.from_environment()  # XLA_AMP_CUDA_PLUGIN=1: before any tensor exists
     from xla_amp.privateuse1 import _install as _privateuse1
     _privateuse1.at_import()  # plain torch.autocast(<PrivateUse1 device>): works, or one line

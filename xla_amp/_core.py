@@ -17,6 +17,7 @@ from xla_amp.numerics import ComparisonReport, NonfiniteWatch, compare, watch_no
 from xla_amp.policies import CATEGORIES, Policy  # noqa: F401
 from xla_amp.policies import _env_overrides
 from xla_amp.precision import ModulePolicyHandle, cast_module, module_policies  # noqa: F401
+from xla_amp.precision import _checkpointing
 from xla_amp.privateuse1 import _install, autocast, set_default_policy  # noqa: F401
 from xla_amp.scaler import GradScaler  # noqa: F401
 
@@ -44,3 +45,4 @@ def __getattr__(name):
 
 
 _install.at_import()  # plain torch.autocast(<PrivateUse1 device>) works or refuses in one line
+_checkpointing.install(torch_xla=False)  # checkpoints recompute under the region's policy

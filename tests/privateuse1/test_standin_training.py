@@ -230,3 +230,28 @@ def test_op_list_overrides_from_the_environment(tmp_path):
                           env=env, timeout=120, cwd=launch.ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["torch.float32", "torch.bfloat16"], proc.stdout
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_activation_checkpointing_recomputes_under_the_region(reentrant):
+    """torch.utils.checkpoint on the PrivateUse1 device under the cuda rules
+    (the device's default is the tpu rules, under which this CNN's gradients
+    differ): the recompute replays the region's policy, so the checkpointed
+    run's loss and gradients equal the plain run's bit for bit
+    (xla_amp/precision/_checkpointing.py; torch_xla's engine:
+    tests/precision/test_activation_checkpointing.py)."""
+    from torch.utils.checkpoint import checkpoint
+
+    def grads(policy, wrap):
+        model = standin_tpu.to_device(zoo.build("cnn"))
+        x, y = next(zoo.batches("cnn", 1))
+        x = standin_tpu.to_device(x).requires_grad_()
+        with xla_amp.autocast("tpu", policy=policy):
+            out = wrap(model, x)
+        loss = nn.functional.cross_entropy(out.float(), standin_tpu.to_device(y))
+        loss.backward()
+        return [loss.detach().cpu(), x.grad.cpu(), *[p.grad.cpu() for p in model.parameters()]]
+
+    plain = grads("cuda", lambda m, x: m(x))
+    assert not torch.equal(grads("tpu", lambda m, x: m(x))[2], plain[2])
+    _bitwise(grads("cuda", lambda m, x: checkpoint(m, x, use_reentrant=reentrant)), plain)

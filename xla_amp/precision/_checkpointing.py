@@ -26,10 +26,13 @@ Algorithm::
                       restore misses them when the tensors come by keyword),
                       then the recorded policy: the forward's casts, bit for bit
 
-Hooks (torch 2.9's internals, checked at install; ImportError names a
-missing one): ``torch.utils.checkpoint.CheckpointFunction`` (reentrant),
-``torch.utils.checkpoint._checkpoint_without_reentrant_generator``
-(non-reentrant) and ``torch_xla.utils.checkpoint.CheckpointFunction``.
+Hooks (torch's internals, checked at install; ImportError names a missing
+one): ``torch.utils.checkpoint.CheckpointFunction`` (reentrant), the
+non-reentrant form's generator (torch 2.9's
+``_checkpoint_without_reentrant_generator``, torch 2.15's ``..._impl``) and,
+with torch_xla, ``torch_xla.utils.checkpoint.CheckpointFunction``. Both
+engines: the torch_xla one ("xla") and the PrivateUse1 one (TorchTPU's
+"tpu", torch 2.11+).
 Callers that bound the generator at import (torch.distributed's composable
 ``checkpoint(module)``) are not reached.
 """
@@ -41,19 +44,21 @@ import types
 
 import torch
 
+from xla_amp import _engines
 from xla_amp.precision import _replay
 
 _installed = False
 
 
-def _device_type(args, kwargs) -> str:
+def _device_type(args, kwargs) -> str | None:
     """The device type whose policy to record: the first of the arguments'
     (keyword arguments too, unlike torch's own inference, which falls back to
-    "cuda") that an xla_amp engine runs, else "xla"."""
+    "cuda") that an xla_amp engine runs, else "xla" where torch_xla's engine
+    is loaded, else None."""
     for value in (*args, *kwargs.values()):
         if isinstance(value, torch.Tensor) and _replay.engine_for(value.device.type):
             return value.device.type
-    return "xla"
+    return "xla" if _engines.available("torch_xla") else None
 
 
 def _xla_seed(args, kwargs):
@@ -74,7 +79,7 @@ def in_region(function, args, kwargs=None, keep_seed=False):
     of now, and leaves the generator as it found it."""
     kwargs = kwargs or {}
     device_type = _device_type(args, kwargs)
-    recorded = _replay.record(device_type)
+    recorded = None if device_type is None else _replay.record(device_type)
     if recorded is None:
         return function
     state = {"enabled": torch.is_autocast_enabled(device_type),
@@ -111,41 +116,61 @@ def _replaying_function(base):
     return Replaying
 
 
-def install() -> None:
-    """Hooks both checkpoint implementations (idempotent). Called on ``import xla_amp``."""
-    global _installed
-    if _installed:
+def _hook_without_reentrant(torch_checkpoint):
+    """The non-reentrant form's generator, wrapped: torch 2.15's
+    ``_checkpoint_without_reentrant_generator_impl(fn, args, kwargs, *, ...)``
+    (its older name is a shim over it), else torch 2.9's
+    ``_checkpoint_without_reentrant_generator(fn, ..., *args, **kwargs)``."""
+    impl = getattr(torch_checkpoint, "_checkpoint_without_reentrant_generator_impl", None)
+    if impl is not None:
+        @functools.wraps(impl)
+        def without_reentrant_impl(fn, args, kwargs, **config):
+            return impl(in_region(fn, args, kwargs, _keeps_xla_seed(config, args)), args,
+                        kwargs, **config)
+        torch_checkpoint._checkpoint_without_reentrant_generator_impl = without_reentrant_impl
         return
-    import torch.utils.checkpoint as torch_checkpoint
-    import torch_xla.utils.checkpoint as xla_checkpoint
-    try:
-        reentrant = torch_checkpoint.CheckpointFunction
-        generator = torch_checkpoint._checkpoint_without_reentrant_generator
-        xla_reentrant = xla_checkpoint.CheckpointFunction
-        torch_checkpoint._infer_device_type  # noqa: B018
-    except AttributeError as e:
-        raise ImportError(
-            f"xla_amp: this torch's activation checkpointing lacks {e}; its recompute "
-            f"cannot replay xla_amp's policy (torch {torch.__version__}, tested with 2.9)"
-        ) from e
-
+    generator = torch_checkpoint._checkpoint_without_reentrant_generator
     signature = inspect.signature(generator)
     varargs = [p.name for p in signature.parameters.values() if p.kind is p.VAR_POSITIONAL]
     if len(varargs) != 1:
-        raise ImportError(f"xla_amp: torch.utils.checkpoint's generator takes no *args "
-                          f"(torch {torch.__version__}, tested with 2.9)")
+        raise AttributeError("_checkpoint_without_reentrant_generator(..., *args)")
 
     @functools.wraps(generator)
     def without_reentrant(fn, *rest, **kwargs):
         bound = signature.bind(fn, *rest, **kwargs).arguments
         args = bound.get(varargs[0], ())
-        # torch keeps the seed of the device type it infers from positional
-        # tensors only ("cuda" when there are none): keep the XLA one then
-        keep_seed = (bound.get("preserve_rng_state", True)
-                     and torch_checkpoint._infer_device_type(*args) != "xla")
-        return generator(in_region(fn, args, kwargs, keep_seed), *rest, **kwargs)
-
-    torch_checkpoint.CheckpointFunction = _replaying_function(reentrant)
+        return generator(in_region(fn, args, kwargs, _keeps_xla_seed(bound, args)),
+                         *rest, **kwargs)
     torch_checkpoint._checkpoint_without_reentrant_generator = without_reentrant
-    xla_checkpoint.CheckpointFunction = _replaying_function(xla_reentrant)
+
+
+def _keeps_xla_seed(config, args) -> bool:
+    """torch keeps the seed of the device type it infers from positional
+    tensors only ("cuda" when there are none): where that is not XLA, the
+    recompute keeps the XLA one itself."""
+    from torch.utils.checkpoint import _infer_device_type
+    return config.get("preserve_rng_state", True) and _infer_device_type(*args) != "xla"
+
+
+def install(torch_xla: bool) -> None:
+    """Hooks torch's checkpoint forms, and torch_xla's where `torch_xla`
+    (idempotent). Called on ``import xla_amp``, by either engine."""
+    global _installed
+    if _installed:
+        return
+    import torch.utils.checkpoint as torch_checkpoint
+    try:
+        reentrant = torch_checkpoint.CheckpointFunction
+        torch_checkpoint._infer_device_type  # noqa: B018
+        _hook_without_reentrant(torch_checkpoint)
+        if torch_xla:
+            import torch_xla.utils.checkpoint as xla_checkpoint
+            xla_checkpoint.CheckpointFunction = _replaying_function(
+                xla_checkpoint.CheckpointFunction)
+    except AttributeError as e:
+        raise ImportError(
+            f"xla_amp: this torch's activation checkpointing lacks {e}; its recompute "
+            f"cannot replay xla_amp's policy (torch {torch.__version__}, tested with 2.9 "
+            f"and 2.15)") from e
+    torch_checkpoint.CheckpointFunction = _replaying_function(reentrant)
     _installed = True
