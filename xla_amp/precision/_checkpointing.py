@@ -1,7 +1,7 @@
 """Activation checkpointing recomputes under the region's policy.
 
-torch.utils.checkpoint (Transformers' gradient checkpointing, Lightning,
-Accelerate) and torch_xla.utils.checkpoint run a block's forward once
+torch.utils.checkpoint (Transformers' gradient checkpointing, and
+hand-written code under any framework) and torch_xla.utils.checkpoint run a block's forward once
 without saving activations and again in the backward pass. The second run
 happens after the autocast region has closed, on autograd's thread: they
 restore autocast's enabled/dtype/cache by entering plain
@@ -116,8 +116,8 @@ def _replaying_function(base):
     return Replaying
 
 
-def _hook_without_reentrant(torch_checkpoint):
-    """The non-reentrant form's generator, wrapped: torch 2.15's
+def _without_reentrant_hook(torch_checkpoint) -> tuple[str, object]:
+    """(name, wrapper) for the non-reentrant form's generator: torch 2.15's
     ``_checkpoint_without_reentrant_generator_impl(fn, args, kwargs, *, ...)``
     (its older name is a shim over it), else torch 2.9's
     ``_checkpoint_without_reentrant_generator(fn, ..., *args, **kwargs)``."""
@@ -127,8 +127,7 @@ def _hook_without_reentrant(torch_checkpoint):
         def without_reentrant_impl(fn, args, kwargs, **config):
             return impl(in_region(fn, args, kwargs, _keeps_xla_seed(config, args)), args,
                         kwargs, **config)
-        torch_checkpoint._checkpoint_without_reentrant_generator_impl = without_reentrant_impl
-        return
+        return "_checkpoint_without_reentrant_generator_impl", without_reentrant_impl
     generator = torch_checkpoint._checkpoint_without_reentrant_generator
     signature = inspect.signature(generator)
     varargs = [p.name for p in signature.parameters.values() if p.kind is p.VAR_POSITIONAL]
@@ -141,7 +140,7 @@ def _hook_without_reentrant(torch_checkpoint):
         args = bound.get(varargs[0], ())
         return generator(in_region(fn, args, kwargs, _keeps_xla_seed(bound, args)),
                          *rest, **kwargs)
-    torch_checkpoint._checkpoint_without_reentrant_generator = without_reentrant
+    return "_checkpoint_without_reentrant_generator", without_reentrant
 
 
 def _keeps_xla_seed(config, args) -> bool:
@@ -159,18 +158,21 @@ def install(torch_xla: bool) -> None:
     if _installed:
         return
     import torch.utils.checkpoint as torch_checkpoint
+    hooks = []  # (module, name, replacement): all found before any is set
     try:
-        reentrant = torch_checkpoint.CheckpointFunction
+        hooks.append((torch_checkpoint, "CheckpointFunction",
+                      _replaying_function(torch_checkpoint.CheckpointFunction)))
         torch_checkpoint._infer_device_type  # noqa: B018
-        _hook_without_reentrant(torch_checkpoint)
+        hooks.append((torch_checkpoint, *_without_reentrant_hook(torch_checkpoint)))
         if torch_xla:
             import torch_xla.utils.checkpoint as xla_checkpoint
-            xla_checkpoint.CheckpointFunction = _replaying_function(
-                xla_checkpoint.CheckpointFunction)
+            hooks.append((xla_checkpoint, "CheckpointFunction",
+                          _replaying_function(xla_checkpoint.CheckpointFunction)))
     except AttributeError as e:
         raise ImportError(
             f"xla_amp: this torch's activation checkpointing lacks {e}; its recompute "
             f"cannot replay xla_amp's policy (torch {torch.__version__}, tested with 2.9 "
             f"and 2.15)") from e
-    torch_checkpoint.CheckpointFunction = _replaying_function(reentrant)
+    for module, name, replacement in hooks:
+        setattr(module, name, replacement)
     _installed = True
