@@ -132,6 +132,31 @@ def test_a_tensor_passed_by_keyword_only_is_recomputed_in_the_region(device):
     assert_same(_run(device, by_keyword, "tpu", None), _run(device, None, "tpu", None))
 
 
+@pytest.mark.parametrize("implementation", ["torch-reentrant", "torch-non-reentrant"])
+@pytest.mark.parametrize("scaling", ["delayed", "dynamic"])
+def test_fp8_layers_recompute_the_same_quantization(device, implementation, scaling):
+    """fp8.convert'ed blocks: the recompute quantizes as the forward did, and
+    delayed scaling's pending amaxes (a running max, written again by the
+    recompute) end as in the plain run: outputs, gradients and every fp8
+    buffer bit-equal."""
+    from xla_amp import fp8
+
+    def run(wrap):
+        torch.manual_seed(0)
+        net = fp8.convert(Net(wrap), fp8.Fp8Recipe(scaling=scaling)).to(device)
+        x = torch.randn(4, 16).to(device).requires_grad_()
+        xm.set_rng_state(1234, str(device))
+        with autocast(device, policy="tpu"):
+            y = net(x)
+        y.float().square().sum().backward()
+        torch_xla.sync()
+        return [y.cpu(), x.grad.cpu(), *[p.grad.cpu() for p in net.parameters()],
+                *[b.cpu() for b in net.buffers()]]
+    want = run(None)
+    assert len(want) == 12 + (8 if scaling == "delayed" else 4)  # + the 2 layers' fp8 buffers
+    assert_same(run(IMPLEMENTATIONS[implementation]), want)
+
+
 def test_dropout_draws_differ_without_the_restored_seed(device):
     """The control for the seed: the same block without restoring the RNG
     draws other masks, so the equality above is the seed's doing."""
