@@ -77,6 +77,8 @@ def in_region(function, args, kwargs=None, keep_seed=False):
     policy (unchanged where no policy is active). `keep_seed` (a recompute
     torch keeps no XLA seed for): each call also starts from the XLA seed
     of now, and leaves the generator as it found it."""
+    if torch.compiler.is_compiling():  # traced code: the casts are in the trace already
+        return function
     kwargs = kwargs or {}
     device_type = _device_type(args, kwargs)
     recorded = None if device_type is None else _replay.record(device_type)
