@@ -44,10 +44,10 @@ import types
 
 import torch
 
-from xla_amp import _engines
 from xla_amp.precision import _replay
 
 _installed = False
+_with_torch_xla = False  # install(torch_xla=True): the torch_xla engine is this process's
 
 
 def _device_type(args, kwargs) -> str | None:
@@ -58,7 +58,7 @@ def _device_type(args, kwargs) -> str | None:
     for value in (*args, *kwargs.values()):
         if isinstance(value, torch.Tensor) and _replay.engine_for(value.device.type):
             return value.device.type
-    return "xla" if _engines.available("torch_xla") else None
+    return "xla" if _with_torch_xla else None
 
 
 def _xla_seed(args, kwargs):
@@ -156,7 +156,7 @@ def _keeps_xla_seed(config, args) -> bool:
 def install(torch_xla: bool) -> None:
     """Hooks torch's checkpoint forms, and torch_xla's where `torch_xla`
     (idempotent). Called on ``import xla_amp``, by either engine."""
-    global _installed
+    global _installed, _with_torch_xla
     if _installed:
         return
     import torch.utils.checkpoint as torch_checkpoint
@@ -177,4 +177,4 @@ def install(torch_xla: bool) -> None:
             f"and 2.15)") from e
     for module, name, replacement in hooks:
         setattr(module, name, replacement)
-    _installed = True
+    _installed, _with_torch_xla = True, torch_xla
