@@ -114,3 +114,24 @@ def test_hlo_cat_and_stack_promote(device, fn):
         low = fn([a.bfloat16(), a.bfloat16()])
     assert _dtypes_of(_census(mixed), "concatenate") == {"f32"}
     assert _dtypes_of(_census(low), "concatenate") == {"bf16"}
+
+
+def test_sdpa_is_left_uncast_and_the_documented_override_casts_it(device):
+    """docs/policies.md: the tpu rules leave scaled_dot_product_attention
+    uncast, as PyTorch/XLA 2.9 does (its entry is commented out upstream), so
+    mixed inputs -- Llama's rotary embedding makes q and k float32 while v is
+    bfloat16 -- raise; the override the page gives casts all three to bfloat16.
+    Once the tpu rules list it, this test fails: update the page."""
+    q = torch.randn(2, 4, 8, 16).to(device)
+    v = q.bfloat16()
+    with pytest.raises(RuntimeError, match="same dtype"):
+        with autocast(device, policy="tpu"):
+            torch.nn.functional.scaled_dot_product_attention(q, q, v)
+    override = TPU.with_overrides(name="tpu+sdpa",
+                                  lower_precision_fp=["aten::scaled_dot_product_attention"])
+    with autocast(device, policy=override):
+        out = torch.nn.functional.scaled_dot_product_attention(q, q, v, is_causal=True)
+    assert out.dtype == torch.bfloat16
+    control = torch.nn.functional.scaled_dot_product_attention(q.bfloat16(), q.bfloat16(), v,
+                                                               is_causal=True)
+    assert torch.equal(out.cpu(), control.cpu())
