@@ -116,22 +116,37 @@ def test_hlo_cat_and_stack_promote(device, fn):
     assert _dtypes_of(_census(low), "concatenate") == {"bf16"}
 
 
-def test_sdpa_is_left_uncast_and_the_documented_override_casts_it(device):
-    """docs/policies.md: the tpu rules leave scaled_dot_product_attention
-    uncast, as PyTorch/XLA 2.9 does (its entry is commented out upstream), so
-    mixed inputs -- Llama's rotary embedding makes q and k float32 while v is
-    bfloat16 -- raise; the override the page gives casts all three to bfloat16.
-    Once the tpu rules list it, this test fails: update the page."""
+def test_sdpa_takes_mixed_inputs_in_bfloat16(device):
+    """pytorch/xla#7299's entry (commented out in torch_xla 2.9, where mixed
+    inputs raise "same dtype"): q and k in float32 (Llama's rotary embedding
+    promotes them) with v in bfloat16 run in bfloat16, bit-equal to the manual
+    cast."""
     q = torch.randn(2, 4, 8, 16).to(device)
     v = q.bfloat16()
-    with pytest.raises(RuntimeError, match="same dtype"):
-        with autocast(device, policy="tpu"):
-            torch.nn.functional.scaled_dot_product_attention(q, q, v)
-    override = TPU.with_overrides(name="tpu+sdpa",
-                                  lower_precision_fp=["aten::scaled_dot_product_attention"])
-    with autocast(device, policy=override):
+    with autocast(device, policy="tpu"):
         out = torch.nn.functional.scaled_dot_product_attention(q, q, v, is_causal=True)
     assert out.dtype == torch.bfloat16
     control = torch.nn.functional.scaled_dot_product_attention(q.bfloat16(), q.bfloat16(), v,
                                                                is_causal=True)
     assert torch.equal(out.cpu(), control.cpu())
+
+
+def test_llama_trains_without_the_kv_cache(device):
+    """Hugging Face Llama as the Trainer runs it (use_cache=False), forward and
+    backward under the tpu rules: attention in bfloat16, every gradient finite."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)).to(device).train()
+    seen = []
+    model.model.layers[0].self_attn.o_proj.register_forward_hook(
+        lambda m, i, o: seen.append(i[0].dtype))  # the attention output, before o_proj
+    tokens = torch.randint(0, 128, (2, 16)).to(device)
+    with autocast(device, policy="tpu"):
+        loss = model(tokens, labels=tokens, use_cache=False).loss
+    loss.backward()
+    torch_xla.sync()
+    assert seen == [torch.bfloat16]
+    assert torch.isfinite(loss.cpu())
+    assert all(torch.isfinite(p.grad.cpu()).all() for p in model.parameters())

@@ -57,6 +57,9 @@ CASES: dict[str, Case] = {
     "aten::max_pool2d": Case(lambda: [_r(1, 2, 6, 6)], lambda x: F.max_pool2d(x, 2)),
     "aten::conv_tbc": Case(lambda: [_r(3, 2, 4), _r(1, 4, 5), _r(5)], torch.conv_tbc),
     "aten::einsum": Case(lambda: [_r(3, 4), _r(4, 5)], lambda a, b: torch.einsum("ij,jk->ik", a, b)),
+    "aten::scaled_dot_product_attention": Case(
+        lambda: [_r(2, 2, 4, 8), _r(2, 2, 4, 8), _r(2, 2, 4, 8)],
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
     # float32 candidates -----------------------------------------------------
     "aten::batch_norm": Case(
         lambda: [_r(4, 3), torch.zeros(3), torch.ones(3), torch.rand(3), _r(3)],
