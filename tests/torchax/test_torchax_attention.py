@@ -18,6 +18,7 @@ import tests.support.torchax_env as helpers_torchax
 from benchmarks._gpt import GPT, lm_loss
 
 import xla_amp.torchax as xt
+from xla_amp import policies
 
 pytestmark = pytest.mark.torchax
 
@@ -64,7 +65,7 @@ def test_the_fused_call_equals_torchax_lowering(calls, policy, kw, kv_heads):
     np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("case", ["mask", "dropout", "float32", "float32_tpu_rules",
+@pytest.mark.parametrize("case", ["mask", "dropout", "float32", "float32_uncategorized",
                                   "gqa_without_flag"])
 def test_what_the_kernel_cannot_take_keeps_torchax_lowering(calls, case):
     if case == "mask":
@@ -78,8 +79,10 @@ def test_what_the_kernel_cannot_take_keeps_torchax_lowering(calls, case):
         with helpers_torchax.ENV, xt.autocast("jax", fused_attention=True), \
                 xt.autocast("jax", enabled=False):
             F.scaled_dot_product_attention(q, q, q)
-    elif case == "float32_tpu_rules":  # uncategorized, and its inputs float32
-        with helpers_torchax.ENV, xt.autocast("jax", policy="tpu", fused_attention=True):
+    elif case == "float32_uncategorized":  # rules that leave it uncast, float32 inputs
+        rules = policies.get("tpu").with_overrides(
+            name="tpu-sdpa-uncast", remove=["aten::scaled_dot_product_attention"])
+        with helpers_torchax.ENV, xt.autocast("jax", policy=rules, fused_attention=True):
             q = torch.randn(2, 4, 16, 8, device="jax")
             F.scaled_dot_product_attention(q, q, q)
     else:
