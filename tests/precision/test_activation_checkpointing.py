@@ -64,18 +64,20 @@ class Net(nn.Module):
         return x
 
 
-def _run(device, wrap, policy, dtype, region=None):
-    """Output, input gradient and parameter gradients of one forward and
-    backward from fixed weights, input and XLA seed."""
+def _run(device, wrap, policy, dtype, region=None, prepare=lambda net: net, buffers=False):
+    """Output, input gradient and parameter gradients (and, with `buffers`,
+    every buffer) of one forward and backward from fixed weights, input and
+    XLA seed; `prepare(net)` -> the model to run (fp8.convert, module rules)."""
     torch.manual_seed(0)
-    net = Net(wrap).to(device)
+    net = prepare(Net(wrap)).to(device)
     x = torch.randn(4, 16).to(device).requires_grad_()
     xm.set_rng_state(1234, str(device))
     with region or autocast(device, policy=policy, dtype=dtype):
         y = net(x)
     y.float().square().sum().backward()
     torch_xla.sync()
-    return [y.cpu(), x.grad.cpu(), *[p.grad.cpu() for p in net.parameters()]]
+    return [y.cpu(), x.grad.cpu(), *[p.grad.cpu() for p in net.parameters()],
+            *([b.cpu() for b in net.buffers()] if buffers else [])]
 
 
 def test_torch_xla_registers_no_device_module():
@@ -142,16 +144,8 @@ def test_fp8_layers_recompute_the_same_quantization(device, implementation, scal
     from xla_amp import fp8
 
     def run(wrap):
-        torch.manual_seed(0)
-        net = fp8.convert(Net(wrap), fp8.Fp8Recipe(scaling=scaling)).to(device)
-        x = torch.randn(4, 16).to(device).requires_grad_()
-        xm.set_rng_state(1234, str(device))
-        with autocast(device, policy="tpu"):
-            y = net(x)
-        y.float().square().sum().backward()
-        torch_xla.sync()
-        return [y.cpu(), x.grad.cpu(), *[p.grad.cpu() for p in net.parameters()],
-                *[b.cpu() for b in net.buffers()]]
+        return _run(device, wrap, "tpu", None, buffers=True,
+                    prepare=lambda net: fp8.convert(net, fp8.Fp8Recipe(scaling=scaling)))
     want = run(None)
     assert len(want) == 12 + (8 if scaling == "delayed" else 4)  # + the 2 layers' fp8 buffers
     assert_same(run(IMPLEMENTATIONS[implementation]), want)
@@ -204,19 +198,11 @@ def test_module_policies_inside_and_around_the_checkpoint(device):
     regions'."""
     plain = [_run(device, None, policy, None)[1] for policy in ("tpu", "cpu")]
     for target, rules in ((Block, "cpu"), (Net, GELU_FP32)):
-        runs = []
-        for wrap in (None, IMPLEMENTATIONS["torch-non-reentrant"]):
-            torch.manual_seed(0)
-            net = Net(wrap).to(device)
-            handle = xla_amp.module_policies(net, {target: rules})
-            x = torch.randn(4, 16).to(device).requires_grad_()
-            xm.set_rng_state(1234, str(device))
-            with autocast(device, policy="tpu"):
-                y = net(x)
-            y.float().square().sum().backward()
-            torch_xla.sync()
-            handle.remove()
-            runs.append([y.cpu(), x.grad.cpu(), *[p.grad.cpu() for p in net.parameters()]])
+        def ruled(net):
+            xla_amp.module_policies(net, {target: rules})
+            return net
+        runs = [_run(device, wrap, "tpu", None, prepare=ruled)
+                for wrap in (None, IMPLEMENTATIONS["torch-non-reentrant"])]
         assert not any(torch.equal(runs[0][1], p) for p in plain[:1 if target is Block else 2]), target
         assert_same(runs[1], runs[0])
 

@@ -114,7 +114,6 @@ def _replaying_function(base):
 
     Replaying.__name__ = Replaying.__qualname__ = base.__name__
     Replaying.__module__ = base.__module__
-    Replaying._xla_amp_base = base
     return Replaying
 
 
