@@ -14,10 +14,11 @@ docs/fp8.md recommends: fast accumulation in the forward GEMM only);
 ``fp8-fast-all`` (fast accumulation in all three GEMMs: the form of the first
 H100 run), ``fp8-fast-none`` and ``fp8-bf16-out`` (Fp8Recipe(gemm_output=
 "bfloat16"): GEMMs whose result goes to bf16 return bf16) on request
-(--variants); ``-pinned`` after an fp8 variant (``fp8-bf16-out-pinned``)
-traces its step with each amax behind an optimization barrier
-(xla_amp.fp8._quant.pinned_amax: the same values; whether XLA:GPU then keeps
-the amaxes' last reduction stage out of the history's serial concatenate).
+(--variants); ``-unpinned`` after an fp8 variant (``fp8-unpinned``) traces
+its step without the optimization barrier xla_amp.fp8 puts behind each amax
+by default (xla_amp.fp8._quant.pinned_amax: the same values; without it
+XLA:GPU fuses the amaxes' last reduction stage into the history's serial
+concatenate).
 Engines, where they run: ``torchax``
 (xla_amp.torchax.make_train_step, optax.adamw) always; ``torch_xla``
 (autocast + GradScaler + syncfree.AdamW) where torch_xla is installed: not on
@@ -61,8 +62,8 @@ ENGINES = ("torchax", "torch_xla")
 FAST = {"fp8": {}, "fp8-fast-all": {"fast_accumulation": "all"},
         "fp8-fast-none": {"fast_accumulation": "none"},
         "fp8-bf16-out": {"gemm_output": "bfloat16"}}
-PINNED = "-pinned"
-VARIANTS = ("bf16", *FAST, *(v + PINNED for v in FAST))
+UNPINNED = "-unpinned"
+VARIANTS = ("bf16", *FAST, *(v + UNPINNED for v in FAST))
 FULL = {"mlp": dict(d=4096, hidden=16384, blocks=4, tokens=8192),
         "gpt2": dict(vocab=50257, seq=1024, d=768, heads=12, layers=12, batch=8)}
 SMOKE = {"mlp": dict(d=64, hidden=256, blocks=4, tokens=256),
@@ -77,7 +78,7 @@ def build(model: str, shapes: dict, variant: str, n_batches: int = 4):
     the module converted to fp8 for an fp8 variant (delayed scaling, its fast
     accumulation)."""
     net, batches, loss_fn = _build(model, shapes, n_batches)
-    base = variant.removesuffix(PINNED)
+    base = variant.removesuffix(UNPINNED)
     if base in FAST:
         from xla_amp import fp8
         fp8.convert(net, fp8.Fp8Recipe(scaling="delayed", keep=KEEP[model], **FAST[base]))
@@ -85,10 +86,10 @@ def build(model: str, shapes: dict, variant: str, n_batches: int = 4):
 
 
 def pinning(variant: str):
-    """The context `variant`'s steps are traced in: amaxes pinned for a
-    ``-pinned`` variant (module docstring)."""
+    """The context `variant`'s steps are traced in: amaxes pinned (the
+    default) unless an ``-unpinned`` variant (module docstring)."""
     from xla_amp.fp8 import _quant
-    return _quant.pinned_amax(variant.endswith(PINNED))
+    return _quant.pinned_amax(not variant.endswith(UNPINNED))
 
 
 def _build(model: str, shapes: dict, n_batches: int):
@@ -122,7 +123,7 @@ def _build(model: str, shapes: dict, n_batches: int):
 def gemm_counts(lowered: str, optimized: str) -> dict:
     """Dots on float8 operands in the lowered program; GEMMs of the optimized
     one (None where the engine gives no optimized text); the lowered
-    program's optimization barriers (a ``-pinned`` variant's amaxes; XLA
+    program's optimization barriers (the fp8 variants' amaxes, pinned; XLA
     removes them once its fusion is done, so the optimized text has none)."""
     from tests.support.fp8 import dots, fp8_dot
     low = dots(lowered)
@@ -189,7 +190,7 @@ class TorchXlaVariant:
         net, batches, self.loss_fn = build(model, (SMOKE if args.smoke else FULL)[model], variant)
         self.net = net.to(self.dev)
         self.opt = syncfree.AdamW(self.net.parameters(), lr=args.lr)
-        if variant.removesuffix(PINNED) in FAST:
+        if variant.removesuffix(UNPINNED) in FAST:
             fp8.attach(self.opt, self.net)
         self.scaler = xla_amp.GradScaler()
         self.batches = [(x.to(self.dev), y.to(self.dev)) for x, y in batches]

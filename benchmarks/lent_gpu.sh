@@ -14,13 +14,13 @@
 #   fp8-mlp     benchmarks/fp8_gpu.py on the MLP: bf16, fp8 (the default
 #               recipe), fp8-bf16-out (Fp8Recipe(gemm_output="bfloat16"))
 #               and fp8-fast-all, all with Triton GEMM fusions off (as
-#               make_train_step compiles fp8 steps on a GPU); fp8-pinned and
-#               fp8-bf16-out-pinned: the same with each amax behind an
-#               optimization barrier (docs/fp8.md, "Not done yet")
+#               make_train_step compiles fp8 steps on a GPU); fp8-unpinned:
+#               the default recipe without the optimization barrier behind
+#               each amax (docs/fp8.md)
 #   fp8-forms   benchmarks/fp8_forms.py: one scaled fp8 GEMM of the MLP's
 #               shapes in five forms (a float32 or a bf16 result, the scales
 #               on the result or as cuBLASLt's operands) against bf16
-#   fp8-profile benchmarks/fp8_profile.py: the MLP's bf16, fp8 and fp8-pinned
+#   fp8-profile benchmarks/fp8_profile.py: the MLP's bf16, fp8 and fp8-unpinned
 #               steps under jax.profiler, kernels by name (where fp8's time goes)
 #   fp8-gpt2    benchmarks/fp8_gpu.py on GPT-2 small: bf16 against fp8
 #   gpu-lm      benchmarks/gpu.py: xla_amp fp16/bf16 (attention through cuDNN's
@@ -77,13 +77,13 @@ $PY -c "import torch, jax; print(torch.__version__, jax.__version__, jax.devices
 
 FLAGS=--xla_gpu_enable_triton_gemm=false  # both variants of each fp8 comparison alike
 part fp8-mlp 200 $PY -m benchmarks.fp8_gpu --engines torchax --models mlp \
-  --variants bf16,fp8,fp8-bf16-out,fp8-fast-all,fp8-pinned,fp8-bf16-out-pinned \
+  --variants bf16,fp8,fp8-bf16-out,fp8-fast-all,fp8-unpinned \
   --xla-flags="$FLAGS" --out "$OUT/fp8-mlp"
 part fp8-forms 90 $PY -m benchmarks.fp8_forms --out "$OUT/fp8-forms"
-part fp8-profile 150 $PY -m benchmarks.fp8_profile --variants bf16,fp8,fp8-pinned \
+part fp8-profile 150 $PY -m benchmarks.fp8_profile --variants bf16,fp8,fp8-unpinned \
   --out "$OUT/fp8-profile"
 part fp8-gpt2 150 $PY -m benchmarks.fp8_gpu --engines torchax --models gpt2 \
-  --variants bf16,fp8,fp8-bf16-out --rounds 5 --xla-flags="$FLAGS" --out "$OUT/fp8-gpt2"
+  --variants bf16,fp8,fp8-bf16-out,fp8-unpinned --rounds 5 --xla-flags="$FLAGS" --out "$OUT/fp8-gpt2"
 part gpu-lm 300 $PY -m benchmarks.gpu --only fp16,bf16,eager-amp,compile-amp --unfused-attention \
   --flag-sets="${FLAG_SETS:---xla_gpu_exhaustive_tiling_search=true}" --steps 30 --rounds 3 \
   --out "$OUT/gpu-lm"

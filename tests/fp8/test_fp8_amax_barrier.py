@@ -1,8 +1,10 @@
-"""xla_amp.fp8._quant.pinned_amax on torch_xla (the #50 experiment that
-benchmarks/fp8_gpu.py's ``-pinned`` variants measure on a GPU): every amax
-behind its own optimization barrier, and no bit of the step changed. The
-torchax engine's barrier: tests/torchax/test_torchax_fp8.py."""
+"""xla_amp.fp8._quant.pinned_amax on torch_xla (on by default since an H200
+run measured it, #50; benchmarks/fp8_gpu.py's ``-unpinned`` variants turn it
+off): every amax behind its own optimization barrier, and no bit of the step
+changed. The torchax engine's barrier: tests/torchax/test_torchax_fp8.py."""
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.nn as nn
@@ -18,14 +20,14 @@ from tests.support.fp8 import dots, fp8_dot, parse
 def test_pinned_amaxes_stand_behind_barriers_and_change_no_bit(device):
     """Each amax of a delayed-scaling step -- x's and w's in every layer's
     forward, g's in its backward -- behind its own optimization barrier,
-    none without the pin; the loss, gradients and fp8 buffers are the same
-    bits."""
+    none without the pin; pinned by default; the loss, gradients and fp8
+    buffers are the same bits."""
     def step(pin):
         torch.manual_seed(0)
         mlp = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16))
         model = fp8.convert(mlp, fp8.Fp8Recipe(scaling="delayed")).to(device)
         x = torch.randn(16, 32).to(device)
-        with _quant.pinned_amax(pin):
+        with contextlib.nullcontext() if pin is None else _quant.pinned_amax(pin):
             with xla_amp.autocast(device, policy="tpu"):
                 loss = model(x).float().pow(2).mean()
             loss.backward()
@@ -38,7 +40,9 @@ def test_pinned_amaxes_stand_behind_barriers_and_change_no_bit(device):
         return sum(op == "opt-barrier" for _, op, _, _ in parse(hlo).values())
     hlo, layers, want = step(False)
     pinned, _, got = step(True)
+    default, _, _ = step(None)
     assert layers == 2 and (barriers(hlo), barriers(pinned)) == (0, 3 * layers)
+    assert barriers(default) == barriers(pinned)
     assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
     # the same float8 dots (the first layer's input gradient is not taken)
     assert sum(map(fp8_dot, dots(pinned))) == sum(map(fp8_dot, dots(hlo))) == 3 * layers - 1

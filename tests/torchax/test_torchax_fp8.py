@@ -140,8 +140,9 @@ def test_losses_equal_the_torch_xla_fp8_run(device, scaling, gemm_output):
 def test_pinned_amaxes_stand_behind_barriers_and_change_no_bit():
     """_quant.pinned_amax on torchax (jax.lax.optimization_barrier): the
     jitted delayed-scaling step traced inside it has one barrier per amax
-    (x, w, g of each layer), none outside; two steps' losses and the fp8
-    histories are the same bits."""
+    (x, w, g of each layer), none with the pin off, as many by default; two
+    steps' losses and the fp8 histories are the same bits."""
+    import contextlib
     import numpy as np
     from xla_amp.fp8 import _quant
 
@@ -151,7 +152,8 @@ def test_pinned_amaxes_stand_behind_barriers_and_change_no_bit():
                             fp8.Fp8Recipe(scaling="delayed"))
         x, y = torch.randn(16, 32), torch.randn(16, 16)
         step = xt.make_train_step(model, F.mse_loss, optax.sgd(0.1), policy="tpu")
-        with _quant.pinned_amax(pin):  # traced (and compiled) on the first call
+        pinning = contextlib.nullcontext() if pin is None else _quant.pinned_amax(pin)
+        with pinning:  # traced (and compiled) on the first call
             hlo = step.lower(x, y).as_text(dialect="hlo")
             losses = [np.asarray(step(x, y)) for _ in range(2)]
         hist = {k: np.asarray(v) for k, v in step.state[1].items() if "amax" in k}
@@ -159,7 +161,9 @@ def test_pinned_amaxes_stand_behind_barriers_and_change_no_bit():
 
     hlo, losses, hist = run(False)
     pinned, got, got_hist = run(True)
+    default = run(None)[0]
     assert (hlo.count(" opt-barrier("), pinned.count(" opt-barrier(")) == (0, 3 * 2)
+    assert default.count(" opt-barrier(") == 3 * 2
     assert [a.tobytes() for a in got] == [a.tobytes() for a in losses]
     assert hist.keys() == got_hist.keys() and len(hist) == 4
     assert all(np.array_equal(hist[k], got_hist[k]) for k in hist)
