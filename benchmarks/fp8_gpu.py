@@ -18,7 +18,9 @@ H100 run), ``fp8-fast-none`` and ``fp8-bf16-out`` (Fp8Recipe(gemm_output=
 its step without the optimization barrier xla_amp.fp8 puts behind each amax
 by default (xla_amp.fp8._quant.pinned_amax: the same values; without it
 XLA:GPU fuses the amaxes' last reduction stage into the history's serial
-concatenate).
+concatenate); ``-xla-transposes`` (``fp8-xla-transposes``) leaves the
+transposed float8 operands of the gradient GEMMs to XLA instead of
+xla_amp.torchax's word transposes on a GPU (the same bits).
 Engines, where they run: ``torchax``
 (xla_amp.torchax.make_train_step, optax.adamw) always; ``torch_xla``
 (autocast + GradScaler + syncfree.AdamW) where torch_xla is installed: not on
@@ -47,6 +49,7 @@ shapes, a few steps (a check of the script itself on the CPU).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -62,8 +65,14 @@ ENGINES = ("torchax", "torch_xla")
 FAST = {"fp8": {}, "fp8-fast-all": {"fast_accumulation": "all"},
         "fp8-fast-none": {"fast_accumulation": "none"},
         "fp8-bf16-out": {"gemm_output": "bfloat16"}}
-UNPINNED = "-unpinned"
-VARIANTS = ("bf16", *FAST, *(v + UNPINNED for v in FAST))
+# an fp8 variant with an engine default taken out (module docstring)
+UNPINNED, XLA_TRANSPOSES = "-unpinned", "-xla-transposes"
+VARIANTS = ("bf16", *FAST, *(v + x for x in (UNPINNED, XLA_TRANSPOSES) for v in FAST))
+
+
+def base(variant: str) -> str:
+    """The recipe's variant name, without the suffix."""
+    return variant.removesuffix(UNPINNED).removesuffix(XLA_TRANSPOSES)
 FULL = {"mlp": dict(d=4096, hidden=16384, blocks=4, tokens=8192),
         "gpt2": dict(vocab=50257, seq=1024, d=768, heads=12, layers=12, batch=8)}
 SMOKE = {"mlp": dict(d=64, hidden=256, blocks=4, tokens=256),
@@ -78,18 +87,25 @@ def build(model: str, shapes: dict, variant: str, n_batches: int = 4):
     the module converted to fp8 for an fp8 variant (delayed scaling, its fast
     accumulation)."""
     net, batches, loss_fn = _build(model, shapes, n_batches)
-    base = variant.removesuffix(UNPINNED)
-    if base in FAST:
+    if base(variant) in FAST:
         from xla_amp import fp8
-        fp8.convert(net, fp8.Fp8Recipe(scaling="delayed", keep=KEEP[model], **FAST[base]))
+        fp8.convert(net, fp8.Fp8Recipe(scaling="delayed", keep=KEEP[model], **FAST[base(variant)]))
     return net, batches, loss_fn
 
 
+@contextlib.contextmanager
 def pinning(variant: str):
     """The context `variant`'s steps are traced in: amaxes pinned (the
-    default) unless an ``-unpinned`` variant (module docstring)."""
+    default) unless an ``-unpinned`` variant; on torchax, the fp8 dots'
+    operands transposed through words on a GPU (the default) unless an
+    ``-xla-transposes`` variant (module docstring)."""
     from xla_amp.fp8 import _quant
-    return _quant.pinned_amax(not variant.endswith(UNPINNED))
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_quant.pinned_amax(not variant.endswith(UNPINNED)))
+        if variant.endswith(XLA_TRANSPOSES):
+            from xla_amp.torchax import _fp8
+            stack.enter_context(_fp8.word_transposes(False))
+        yield
 
 
 def _build(model: str, shapes: dict, n_batches: int):
@@ -190,7 +206,7 @@ class TorchXlaVariant:
         net, batches, self.loss_fn = build(model, (SMOKE if args.smoke else FULL)[model], variant)
         self.net = net.to(self.dev)
         self.opt = syncfree.AdamW(self.net.parameters(), lr=args.lr)
-        if variant.removesuffix(UNPINNED) in FAST:
+        if base(variant) in FAST:
             fp8.attach(self.opt, self.net)
         self.scaler = xla_amp.GradScaler()
         self.batches = [(x.to(self.dev), y.to(self.dev)) for x, y in batches]

@@ -20,6 +20,8 @@
 #   fp8-forms   benchmarks/fp8_forms.py: one scaled fp8 GEMM of the MLP's
 #               shapes in five forms (a float32 or a bf16 result, the scales
 #               on the result or as cuBLASLt's operands) against bf16
+#   fp8-transpose benchmarks/fp8_transpose.py: a tensor's float8 copy in both
+#               layouts (the gradient GEMMs' operands) in six forms
 #   fp8-profile benchmarks/fp8_profile.py: the MLP's bf16, fp8 and fp8-unpinned
 #               steps under jax.profiler, kernels by name (where fp8's time goes)
 #   fp8-gpt2    benchmarks/fp8_gpu.py on GPT-2 small: bf16 against fp8
@@ -51,7 +53,7 @@ start=$SECONDS
 part() {  # NAME CAP COMMAND...
   local name=$1 cap=$2 left t s rc
   shift 2
-  if [[ ",${PARTS:-fp8-mlp,fp8-forms,fp8-profile,fp8-gpt2,gpu-lm}," != *",$name,"* ]]; then
+  if [[ ",${PARTS:-fp8-mlp,fp8-forms,fp8-transpose,fp8-profile,fp8-gpt2,gpu-lm}," != *",$name,"* ]]; then
     return
   fi
   left=$(( BUDGET - (SECONDS - start) ))
@@ -77,10 +79,11 @@ $PY -c "import torch, jax; print(torch.__version__, jax.__version__, jax.devices
 
 FLAGS=--xla_gpu_enable_triton_gemm=false  # both variants of each fp8 comparison alike
 part fp8-mlp 200 $PY -m benchmarks.fp8_gpu --engines torchax --models mlp \
-  --variants bf16,fp8,fp8-bf16-out,fp8-fast-all,fp8-unpinned \
+  --variants bf16,fp8,fp8-bf16-out,fp8-fast-all,fp8-unpinned,fp8-xla-transposes \
   --xla-flags="$FLAGS" --out "$OUT/fp8-mlp"
 part fp8-forms 90 $PY -m benchmarks.fp8_forms --out "$OUT/fp8-forms"
-part fp8-profile 150 $PY -m benchmarks.fp8_profile --variants bf16,fp8,fp8-unpinned \
+part fp8-transpose 90 $PY -m benchmarks.fp8_transpose --out "$OUT/fp8-transpose"
+part fp8-profile 150 $PY -m benchmarks.fp8_profile --variants bf16,fp8,fp8-xla-transposes \
   --out "$OUT/fp8-profile"
 part fp8-gpt2 150 $PY -m benchmarks.fp8_gpu --engines torchax --models gpt2 \
   --variants bf16,fp8,fp8-bf16-out,fp8-unpinned --rounds 5 --xla-flags="$FLAGS" --out "$OUT/fp8-gpt2"

@@ -127,12 +127,57 @@ def dot(a, b, ca: int, cb: int, fast: bool, out):
     """`_dot.dot` for torchax tensors: a dot on the float8 arrays themselves,
     at DEFAULT precision (XLA:GPU: fast accumulation) or HIGHEST (the split
     accumulator); never a region's fp32 precision. `out`: the result's torch
-    dtype (float32 or bfloat16)."""
+    dtype (float32 or bfloat16). Operands contracted on their first dim are
+    transposed through words first where `_word_transposes` says so."""
     from torchax.ops.mappings import t2j_dtype
     precision = jax.lax.Precision.DEFAULT if fast else jax.lax.Precision.HIGHEST
-    y = jax.lax.dot_general(a.jax(), b.jax(), _dims(ca, cb), precision=precision,
+    (xa, ca), (xb, cb) = _k_minor(a.jax(), ca), _k_minor(b.jax(), cb)
+    y = jax.lax.dot_general(xa, xb, _dims(ca, cb), precision=precision,
                             preferred_element_type=t2j_dtype(out))
     return _env(a).j2t_iso(y)
+
+
+# True, False, or None: on a GPU backend only (`word_transposes`)
+_words = threading.local()
+
+
+@contextlib.contextmanager
+def word_transposes(on: bool | None = None):
+    """Inside, the fp8 dots' operands contracted on their first dim are made
+    K-minor by `_word_transpose` (True), left to XLA (False), or the first
+    on a GPU backend only (None, the default). Hopper's fp8 GEMMs take both
+    operands K-minor, so the gradient GEMMs need x, w and g transposed. XLA
+    writes each transposed float8 copy in the quantize pass, one byte at a
+    time; through 4-byte words the same pass ran 1.30x (bf16 [8192, 16384])
+    to 1.79x (f32 [4096, 16384]) faster on an H200, the same bits
+    (benchmarks/fp8_transpose.py, docs/fp8.md)."""
+    before = getattr(_words, "on", None)
+    _words.on = on
+    try:
+        yield
+    finally:
+        _words.on = before
+
+
+def _k_minor(x, c: int):
+    """(x, c) with a 2-D x contracted on dim 0 transposed through words, per
+    `word_transposes`; any other operand as it is."""
+    on = getattr(_words, "on", None)
+    on = jax.default_backend() == "gpu" if on is None else on
+    if not on or c != 0 or x.ndim != 2 or x.shape[0] % 4:
+        return x, c
+    return _word_transpose(x), 1
+
+
+def _word_transpose(q):
+    """q [R, C] (one byte per element, R a multiple of 4) transposed: its
+    bytes regrouped as [R/4, C, 4], read as uint32 [R/4, C], transposed, and
+    read back as bytes, so that out[c, 4i + j] = q[4i + j, c]."""
+    r, c = q.shape
+    u8 = jax.lax.bitcast_convert_type(q, jnp.uint8).reshape(r // 4, 4, c).transpose(0, 2, 1)
+    words = jax.lax.bitcast_convert_type(u8, jnp.uint32).T
+    back = jax.lax.bitcast_convert_type(words, jnp.uint8).reshape(c, r)
+    return jax.lax.bitcast_convert_type(back, q.dtype)
 
 
 @functools.lru_cache(maxsize=None)
