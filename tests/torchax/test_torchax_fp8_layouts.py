@@ -5,7 +5,11 @@ words, which an H200 ran 1.24-1.79x faster than XLA's byte transposes
 docs/benchmarks.md). JAX runs on the CPU here, so the tests force it on."""
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +54,41 @@ def test_only_a_2d_operand_contracted_on_dim_0_with_rows_in_words_is_transposed(
     with _fp8.word_transposes(False):
         assert _fp8._k_minor(q, 0) == (q, 0)
     assert _fp8._k_minor(q, 0) == (q, 0)  # the default: a GPU backend only; JAX runs on the CPU
+
+
+def test_the_default_is_a_gpu_backend_with_unsharded_parameters(monkeypatch):
+    q = jnp.zeros((16, 8), jnp.float8_e4m3fn)
+    monkeypatch.setattr(_fp8, "_on_gpu", lambda: True)
+    assert _fp8._k_minor(q, 0)[1] == 1
+    with _fp8.sharded_parameters(True):
+        assert _fp8._k_minor(q, 0) == (q, 0)
+        with _fp8.word_transposes(True):  # said outright, it holds there too
+            assert _fp8._k_minor(q, 0)[1] == 1
+    monkeypatch.setattr(_fp8, "_on_gpu", lambda: False)
+    assert _fp8._k_minor(q, 0) == (q, 0)
+
+
+def test_on_a_mesh_only_sharded_parameters_keep_xlas_transposes():
+    """make_train_step on 4 CPU devices with the GPU default
+    (_torchax_fp8_layouts_mesh_run.py): replicated, the step takes the word
+    transposes by default with no collective added; FSDP, it keeps XLA's,
+    because forced on there the partitioner gathers the transposed weights
+    besides the weights (6 all-gathers against 4: pinned, so that a
+    partitioner that stops doing so shows here). Every run the same bits."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PJRT_DEVICE="CPU",
+               XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    script = os.path.join(os.path.dirname(__file__), "_torchax_fp8_layouts_mesh_run.py")
+    proc = subprocess.run([sys.executable, script], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = json.loads(proc.stdout.splitlines()[-1])
+    assert all(r["same_bits"] for r in runs.values()), runs
+    casts = {k: r["word_casts"] for k, r in runs.items()}
+    assert casts == {"replicate/default": 5, "replicate/on": 5, "replicate/off": 0,
+                     "fsdp/default": 0, "fsdp/on": 5, "fsdp/off": 0}
+    gathers = {k: r["all_gathers"] for k, r in runs.items()}
+    assert gathers["replicate/default"] == gathers["replicate/off"] == 0
+    assert gathers["fsdp/default"] == gathers["fsdp/off"] < gathers["fsdp/on"]
 
 
 def _run(on):

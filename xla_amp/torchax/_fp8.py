@@ -128,7 +128,7 @@ def dot(a, b, ca: int, cb: int, fast: bool, out):
     at DEFAULT precision (XLA:GPU: fast accumulation) or HIGHEST (the split
     accumulator); never a region's fp32 precision. `out`: the result's torch
     dtype (float32 or bfloat16). Operands contracted on their first dim are
-    transposed through words first where `_word_transposes` says so."""
+    transposed through words first where `word_transposes` says so."""
     from torchax.ops.mappings import t2j_dtype
     precision = jax.lax.Precision.DEFAULT if fast else jax.lax.Precision.HIGHEST
     (xa, ca), (xb, cb) = _k_minor(a.jax(), ca), _k_minor(b.jax(), cb)
@@ -137,36 +137,54 @@ def dot(a, b, ca: int, cb: int, fast: bool, out):
     return _env(a).j2t_iso(y)
 
 
-# True, False, or None: on a GPU backend only (`word_transposes`)
+# .on: True, False or None (`word_transposes`); .sharded: `sharded_parameters`
 _words = threading.local()
 
 
 @contextlib.contextmanager
-def word_transposes(on: bool | None = None):
-    """Inside, the fp8 dots' operands contracted on their first dim are made
-    K-minor by `_word_transpose` (True), left to XLA (False), or the first
-    on a GPU backend only (None, the default). Hopper's fp8 GEMMs take both
-    operands K-minor, so the gradient GEMMs need x, w and g transposed. XLA
-    writes each transposed float8 copy in the quantize pass, one byte at a
-    time; through 4-byte words the same pass ran 1.30x (bf16 [8192, 16384])
-    to 1.79x (f32 [4096, 16384]) faster on an H200, the same bits
-    (benchmarks/fp8_transpose.py, docs/fp8.md)."""
-    before = getattr(_words, "on", None)
-    _words.on = on
+def _setting(name: str, value):
+    before = getattr(_words, name, None)
+    setattr(_words, name, value)
     try:
         yield
     finally:
-        _words.on = before
+        setattr(_words, name, before)
+
+
+def word_transposes(on: bool | None = None):
+    """Inside, the fp8 dots' operands contracted on their first dim are made
+    K-minor by `_word_transpose` (True), left to XLA (False), or the first
+    on a GPU backend where the parameters are not sharded (None, the
+    default). Hopper's fp8 GEMMs take both operands K-minor, so the gradient
+    GEMMs need x, w and g transposed. XLA writes each transposed float8 copy
+    in the quantize pass, one byte at a time; through 4-byte words the same
+    pass ran 1.30x (bf16 [8192, 16384]) to 1.79x (f32 [4096, 16384]) faster
+    on an H200, the same bits (benchmarks/fp8_transpose.py, docs/fp8.md).
+    With sharded parameters (make_train_step's "fsdp" on a mesh) the SPMD
+    partitioner gathered the transposed weights besides the weights (4
+    CPU devices: 6 all-gathers against 4), so there XLA keeps them."""
+    return _setting("on", on)
+
+
+def sharded_parameters(sharded: bool):
+    """make_train_step traces its step inside: whether its parameters are
+    sharded (`word_transposes`)."""
+    return _setting("sharded", sharded)
 
 
 def _k_minor(x, c: int):
     """(x, c) with a 2-D x contracted on dim 0 transposed through words, per
     `word_transposes`; any other operand as it is."""
     on = getattr(_words, "on", None)
-    on = jax.default_backend() == "gpu" if on is None else on
+    if on is None:
+        on = _on_gpu() and not getattr(_words, "sharded", None)
     if not on or c != 0 or x.ndim != 2 or x.shape[0] % 4:
         return x, c
     return _word_transpose(x), 1
+
+
+def _on_gpu() -> bool:
+    return jax.default_backend() == "gpu"
 
 
 def _word_transpose(q):

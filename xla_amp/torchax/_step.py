@@ -155,9 +155,11 @@ class TrainStep:
         params, buffers, opt_state, scaler_state, rng = state
         before = (params, buffers, opt_state, rng)
         probes = {n: jnp.zeros((), jnp.float32) for n, _ in self._fp8}
-        (_, (loss, buffers, rng)), (grads, amax_g) = jax.value_and_grad(
-            self._forward_loss, argnums=(0, 1), has_aux=True)(
-            params, probes, buffers, scaler_state, rng, batch)
+        sharded = self.mesh is not None and self.sharding == "fsdp"
+        with _fp8.sharded_parameters(sharded):  # the backward is traced in here too
+            (_, (loss, buffers, rng)), (grads, amax_g) = jax.value_and_grad(
+                self._forward_loss, argnums=(0, 1), has_aux=True)(
+                params, probes, buffers, scaler_state, rng, batch)
         env = self.env
         if not self.scaler.enabled:  # no scaler: no check, no skip (nothing in the program)
             params, opt_state = self.optimizer.update(params, grads, opt_state, env)
