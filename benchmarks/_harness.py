@@ -21,6 +21,7 @@ process that only runs workers, a JAX worker and the stock torch.amp worker
 """
 from __future__ import annotations
 
+import argparse
 import collections
 import json
 import os
@@ -175,6 +176,32 @@ def timed_rounds(runners: dict, steps: int, rounds: int) -> dict:
         ms[name].append((time.perf_counter() - t0) * 1e3 / per_round)
     interleaved(list(runners), rounds, run_one)
     return ms
+
+
+def jitted_ms(calls: dict, args: tuple, iters: int, rounds: int) -> dict:
+    """{name: median ms per call} of compiled JAX functions (name -> fn),
+    each called on `args` `iters` times over `rounds` interleaved rounds."""
+    import jax
+    last: dict = {}
+
+    def runner(name):
+        def run(n_calls):
+            for _ in range(n_calls):
+                last[name] = calls[name](*args)
+        return run, lambda: jax.block_until_ready(last.get(name))
+    ms = timed_rounds({name: runner(name) for name in calls}, iters, rounds)
+    return {name: median(ms[name]) for name in calls}
+
+
+def kernel_parser(doc: str) -> argparse.ArgumentParser:
+    """The options of a one-kernel GPU benchmark: --out DIR (else $OUT, else
+    build/), --iters calls per form, --rounds, --smoke (tiny shapes)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT") or "build")
+    ap.add_argument("--iters", type=int, default=101)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--smoke", action="store_true")
+    return ap
 
 
 def paired_ratio(a: Sequence[float], b: Sequence[float]) -> float:

@@ -32,9 +32,7 @@ Results: DIR/fp8_forms.json and .md. --smoke: tiny shapes on any backend.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import re
 import time
 
@@ -86,7 +84,7 @@ def measure(shape, iters: int, rounds: int, options: dict | None) -> dict:
     sx = 448.0 / jnp.max(jnp.abs(x)).astype(jnp.float32)
     sw = 448.0 / jnp.max(jnp.abs(w))
     args = (x, w, sx, sw)
-    out, calls, last = {}, {}, {}
+    out, calls = {}, {}
     for name in FORMS:
         t0 = time.perf_counter()
         try:  # one form's refusal (XLA:GPU: "GEMM is not supported by cublasLt") is reported
@@ -100,22 +98,15 @@ def measure(shape, iters: int, rounds: int, options: dict | None) -> dict:
         out[name] = {"compile_s": round(time.perf_counter() - t0, 2),
                      "custom_calls": sorted(set(_CUSTOM.findall(text))),
                      "fusions": len(_FUSION.findall(text)), "y": y}
-        calls[name], last[name] = compiled, y
+        calls[name] = compiled
     ran = [n for n in FORMS if n in calls]
     ref = out["f32-out"]["y"].astype(jnp.float32)
     scale = float(jnp.max(jnp.abs(ref)))
     for name in ran:
         y = out[name].pop("y").astype(jnp.float32)
         out[name]["max_diff_vs_f32_out"] = float(jnp.max(jnp.abs(y - ref))) / scale
-
-    def run(name):
-        def go(n_calls):
-            for _ in range(n_calls):
-                last[name] = calls[name](*args)
-        return go, lambda: jax.block_until_ready(last[name])
-    ms = H.timed_rounds({name: run(name) for name in ran}, iters, rounds)
-    for name in ran:
-        out[name]["ms"] = H.median(ms[name])
+    for name, ms in H.jitted_ms(calls, args, iters, rounds).items():
+        out[name]["ms"] = ms
     return out
 
 
@@ -138,12 +129,7 @@ def table(results: dict) -> str:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.environ.get("OUT") or "build")
-    ap.add_argument("--iters", type=int, default=101)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--smoke", action="store_true")
-    args = ap.parse_args(argv)
+    args = H.kernel_parser(__doc__).parse_args(argv)
     import jax
     shapes = [(64, 32, 128), (64, 128, 32)] if args.smoke else [(8192, 4096, 16384),
                                                                 (8192, 16384, 4096)]

@@ -35,9 +35,7 @@ backend.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import re
 import time
 
@@ -90,14 +88,14 @@ def measure(dtype: str, rows: int, cols: int, iters: int, rounds: int) -> dict:
     s = 448.0 / jnp.max(jnp.abs(t)).astype(jnp.float32)
     q8 = jnp.clip(t.astype(jnp.float32) * s, -448.0, 448.0).astype(jnp.float8_e4m3fn)
     args = (t, s, q8)
-    out, calls, last, ys = {}, {}, {}, {}
+    out, calls, ys = {}, {}, {}
     for name in FORMS:
         t0 = time.perf_counter()
         compiled = jax.jit(form(name)).lower(*args).compile()
         ys[name] = jax.block_until_ready(compiled(*args))
         out[name] = {"compile_s": round(time.perf_counter() - t0, 2),
                      "fusions": len(_FUSION.findall(compiled.as_text()))}
-        calls[name], last[name] = compiled, ys[name]
+        calls[name] = compiled
 
     def bits(a):
         return jax.lax.bitcast_convert_type(a, jnp.uint8)
@@ -108,16 +106,10 @@ def measure(dtype: str, rows: int, cols: int, iters: int, rounds: int) -> dict:
             name, list(zip(got, want)))
         out[name]["bit_equal"] = all(bool(jnp.array_equal(bits(a), bits(b))) for a, b in pairs)
 
-    def run(name):
-        def go(n_calls):
-            for _ in range(n_calls):
-                last[name] = calls[name](*args)
-        return go, lambda: jax.block_until_ready(last[name])
-    ms = H.timed_rounds({name: run(name) for name in FORMS}, iters, rounds)
     width = jnp.dtype(dtype).itemsize
-    for name in FORMS:
-        out[name]["ms"] = H.median(ms[name])
-        out[name]["gb_s"] = moved_bytes(name, width, rows * cols) / out[name]["ms"] / 1e6
+    for name, ms in H.jitted_ms(calls, args, iters, rounds).items():
+        out[name]["ms"] = ms
+        out[name]["gb_s"] = moved_bytes(name, width, rows * cols) / ms / 1e6
     return out
 
 
@@ -135,12 +127,7 @@ def table(results: dict) -> str:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.environ.get("OUT") or "build")
-    ap.add_argument("--iters", type=int, default=101)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--smoke", action="store_true")
-    args = ap.parse_args(argv)
+    args = H.kernel_parser(__doc__).parse_args(argv)
     import jax
     shapes = [("bfloat16", 64, 128), ("float32", 32, 64)] if args.smoke else SHAPES
     results = {"backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()]}
