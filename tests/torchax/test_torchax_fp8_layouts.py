@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import tests.support.torchax_env as helpers_torchax  # noqa: F401  (JAX on CPU)
-from tests.support.fp8 import dots, fp8_dot, parse
+from tests.support.fp8 import Block, dequantized, dots, fp8_dot, parse, unfoldable
 
 import xla_amp.torchax as xt
 from xla_amp import fp8
@@ -134,3 +134,20 @@ def test_word_transposes_make_every_fp8_dot_k_minor_and_change_no_bit():
     assert [a.tobytes() for a in got] == [a.tobytes() for a in losses]
     assert len(state) == len(got_state) > 10
     assert all(a.tobytes() == b.tobytes() for a, b in zip(state, got_state))
+
+
+@pytest.mark.parametrize("policy", ["tpu", "cuda"])
+def test_a_transformer_blocks_step_keeps_the_gate_with_word_transposes(policy):
+    """tests/torchax/test_torchax_fp8.py's gate on a transformer block's 12
+    fp8 matmuls (3-D activations, attention and MLP) holds with the word
+    transposes on, and every one of the 12 is K-minor."""
+    torch.manual_seed(0)
+    model = fp8.convert(Block(), fp8.Fp8Recipe(scaling="delayed"))
+    x, y = torch.randn(2, 16, 32), torch.randn(2, 16, 32)
+    step = xt.make_train_step(model, F.mse_loss, optax.sgd(0.1), policy=policy)
+    with _fp8.word_transposes(True):
+        hlo = step.lower(x, y).as_text(dialect="hlo")
+    entries = dots(hlo)
+    assert sum(map(fp8_dot, entries)) == 12 and dequantized(entries) == []
+    assert unfoldable(hlo) == []
+    assert _fp8_dot_contractions(hlo) == [(1, 1)] * 12
