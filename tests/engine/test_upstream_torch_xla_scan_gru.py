@@ -1,0 +1,40 @@
+"""torch_xla 2.9 replaces `torch.nn.GRU` at import with its scan-based GRU
+(torch_xla/_patched_functions.py, pytorch/xla#9010), which runs only on XLA
+tensors: in a process that imported torch_xla, an `nn.GRU` on CPU tensors (a
+CPU reference run, CPU evaluation) raises. The upstream class stays at
+`nn.GRU._orig`. Pinned: fails once upstream changes, then update
+docs/upstream/torch_xla_scan_gru_on_cpu.md. On XLA the scan's body is traced
+inside the region, so its matmuls take the policy's dtype."""
+import re
+
+import pytest
+import torch
+import torch.nn as nn
+import torch_xla
+from torch_xla.experimental.gru import GRU as ScanGRU
+
+import xla_amp
+
+
+def test_nn_gru_is_torch_xlas_scan_gru_and_refuses_cpu_tensors():
+    assert nn.GRU is ScanGRU and nn.GRU._orig.__module__ == "torch.nn.modules.rnn"
+    torch.manual_seed(0)
+    with pytest.raises(RuntimeError, match="to be XLA tensors"):
+        nn.GRU(8, 8)(torch.randn(5, 2, 8))
+    out, h = nn.GRU._orig(8, 8)(torch.randn(5, 2, 8))  # the workaround
+    assert out.shape == (5, 2, 8) and h.shape == (1, 2, 8)
+
+
+@pytest.mark.parametrize("policy,low", [("tpu", "bf16"), ("cuda", "f16"), ("cpu", "bf16")])
+def test_the_scan_grus_matmuls_take_the_policys_dtype(device, policy, low):
+    """Both of its dots (the input projection, the recurrent one inside the
+    while loop) in the region's dtype; the outputs float32, as the float32
+    hidden state carries them (torch's CPU autocast gives a GRU float32 too)."""
+    torch.manual_seed(0)
+    gru = nn.GRU(8, 8).to(device)
+    with xla_amp.autocast(device, policy=policy):
+        out, h = gru(torch.randn(5, 2, 8).to(device))
+    hlo = torch_xla._XLAC._get_xla_tensors_hlo([out, h])
+    operands = re.findall(r" dot\((\w+)\[[^\]]*\]\S* %\S+, (\w+)\[", hlo)
+    assert " while(" in hlo and operands == [(low, low)] * 2, operands
+    assert out.dtype == h.dtype == torch.float32
