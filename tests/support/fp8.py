@@ -137,6 +137,45 @@ def precisions(hlo: str) -> dict[str, str]:
     return out
 
 
+def contractions(hlo: str) -> dict[str, tuple[int, int]]:
+    """dot name -> (lhs, rhs) contracting dim, for dots contracting one dim."""
+    out = {}
+    for name, (_, opcode, _, attrs) in parse(hlo).items():
+        found = dict(re.findall(r"(lhs|rhs)_contracting_dims=\{(\d+)\}", attrs))
+        if opcode == "dot" and len(found) == 2:
+            out[name] = (int(found["lhs"]), int(found["rhs"]))
+    return out
+
+
+def word_casts(hlo: str) -> int:
+    """bitcast-converts to uint32: the word transposes of xla_amp.torchax's
+    fp8 dots (xla_amp/torchax/_fp8.py), one per operand they transposed."""
+    return sum(op == "bitcast-convert" and _elem(typ) == "u32"
+               for typ, op, _, _ in parse(hlo).values())
+
+
+def traced_delayed_mlp_step(context, optimizer):
+    """A delayed-scaling fp8 MLP (32 -> 64 -> ReLU -> 16, seed 0) in
+    xla_amp.torchax.make_train_step (tpu rules), traced and run twice inside
+    `context`: (the step, its lowered HLO, the two losses as numpy arrays)."""
+    import numpy as np
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    import xla_amp.torchax as xt
+    from xla_amp import fp8
+    torch.manual_seed(0)
+    model = fp8.convert(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16)),
+                        fp8.Fp8Recipe(scaling="delayed"))
+    x, y = torch.randn(16, 32), torch.randn(16, 16)
+    step = xt.make_train_step(model, F.mse_loss, optimizer, policy="tpu")
+    with context:  # traced (and compiled) on the first call
+        hlo = step.lower(x, y).as_text(dialect="hlo")
+        losses = [np.asarray(step(x, y)) for _ in range(2)]
+    return step, hlo, losses
+
+
 def unfoldable(hlo: str) -> list:
     """The fp8 dots with a float32 result whose epilogue is not ONE multiply
     by a scalar (what XLA:GPU's GemmRewriter folds into cuBLASLt's fp8 call:

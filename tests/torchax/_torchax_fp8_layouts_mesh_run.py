@@ -3,13 +3,12 @@ devices (XLA_FLAGS=--xla_force_host_platform_device_count=4, JAX_PLATFORMS=cpu,
 set by the test): a delayed-scaling fp8 MLP's make_train_step on a 4-device
 mesh, replicated and FSDP, with word transposes left to their default as on
 a GPU (`_fp8._on_gpu` answers True: JAX runs on the CPU here), forced off,
-and under FSDP forced on. Prints one JSON object (the last line of stdout), a key per run
-("replicate/default", "fsdp/on", ...): the word casts of the lowered step,
+and under FSDP forced on. Prints one JSON object (the last line of stdout), a
+key per run ("replicate/default", "fsdp/on", ...): the word casts of the lowered step,
 the all-gathers of the compiled one, and whether the losses of three steps
 and every state leaf equal the forced-off run's bit for bit."""
 import json
 import os
-import re
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("PJRT_DEVICE", "CPU")
@@ -23,6 +22,8 @@ import torch.nn.functional as F  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 
 import xla_amp.torchax as xt  # noqa: E402
+from tests.support.fp8 import word_casts  # noqa: E402
+from tests.torchax._torchax_mesh_run import collectives  # noqa: E402
 from xla_amp import fp8  # noqa: E402
 from xla_amp.torchax import _fp8  # noqa: E402
 
@@ -40,9 +41,8 @@ def run(mesh, sharding, on):
         lowered = step.lower(x, y)
         compiled = lowered.compile().as_text()
         losses = [np.asarray(step(x, y)) for _ in range(3)]
-    return {"word_casts": len(re.findall(r"u32\[[^\]]*\]\S* bitcast-convert\(",
-                                         lowered.as_text(dialect="hlo"))),
-            "all_gathers": len(re.findall(r" all-gather(?:-start)?\(", compiled)),
+    return {"word_casts": word_casts(lowered.as_text(dialect="hlo")),
+            "all_gathers": collectives(compiled)["counts"]["all-gather"],
             "bits": [a.tobytes().hex() for a in losses]
             + [np.asarray(a).tobytes().hex() for a in jax.tree_util.tree_leaves(step.state)]}
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import tests.support.torchax_env as helpers_torchax  # noqa: F401  (JAX on CPU)
 from tests.support.fp8 import (Block, ResultTypes, dequantized, dots, fp8_dot, precisions,
-                                unfoldable)
+                                traced_delayed_mlp_step, unfoldable)
 
 import xla_amp
 import xla_amp.torchax as xt
@@ -147,15 +147,8 @@ def test_pinned_amaxes_stand_behind_barriers_and_change_no_bit():
     from xla_amp.fp8 import _quant
 
     def run(pin):
-        torch.manual_seed(0)
-        model = fp8.convert(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16)),
-                            fp8.Fp8Recipe(scaling="delayed"))
-        x, y = torch.randn(16, 32), torch.randn(16, 16)
-        step = xt.make_train_step(model, F.mse_loss, optax.sgd(0.1), policy="tpu")
         pinning = contextlib.nullcontext() if pin is None else _quant.pinned_amax(pin)
-        with pinning:  # traced (and compiled) on the first call
-            hlo = step.lower(x, y).as_text(dialect="hlo")
-            losses = [np.asarray(step(x, y)) for _ in range(2)]
+        step, hlo, losses = traced_delayed_mlp_step(pinning, optax.sgd(0.1))
         hist = {k: np.asarray(v) for k, v in step.state[1].items() if "amax" in k}
         return hlo, losses, hist
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -17,20 +16,17 @@ import numpy as np
 import optax
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import tests.support.torchax_env as helpers_torchax  # noqa: F401  (JAX on CPU)
-from tests.support.fp8 import Block, dequantized, dots, fp8_dot, parse, unfoldable
+from tests.support.fp8 import (Block, contractions, dequantized, dots, fp8_dot,
+                                traced_delayed_mlp_step, unfoldable, word_casts)
 
 import xla_amp.torchax as xt
 from xla_amp import fp8
 from xla_amp.torchax import _fp8
 
 pytestmark = pytest.mark.torchax
-
-_CONTRACTING = re.compile(r"(lhs|rhs)_contracting_dims=\{(\d+)\}")
-
 
 @pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2])
 def test_a_word_transpose_is_the_transpose_of_every_bit_pattern(dtype):
@@ -94,31 +90,14 @@ def test_on_a_mesh_only_sharded_parameters_keep_xlas_transposes():
 def _run(on):
     """A delayed-scaling MLP's jitted step traced with word transposes `on`:
     (its lowered HLO, two steps' losses, the state after them)."""
-    torch.manual_seed(0)
-    model = fp8.convert(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16)),
-                        fp8.Fp8Recipe(scaling="delayed"))
-    x, y = torch.randn(16, 32), torch.randn(16, 16)
-    step = xt.make_train_step(model, F.mse_loss, optax.adamw(1e-2), policy="tpu")
-    with _fp8.word_transposes(on):  # traced (and compiled) on the first call
-        hlo = step.lower(x, y).as_text(dialect="hlo")
-        losses = [np.asarray(step(x, y)) for _ in range(2)]
-    state = [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(step.state)]
-    return hlo, losses, state
+    step, hlo, losses = traced_delayed_mlp_step(_fp8.word_transposes(on), optax.adamw(1e-2))
+    return hlo, losses, [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(step.state)]
 
 
 def _fp8_dot_contractions(hlo):
     """(lhs, rhs) contracting dims of every dot on float8 operands."""
-    attrs = {name: a for name, (_, _, _, a) in parse(hlo).items()}
-    out = []
-    for entry in filter(fp8_dot, dots(hlo)):
-        found = dict(_CONTRACTING.findall(attrs[entry[0]]))
-        out.append((int(found["lhs"]), int(found["rhs"])))
-    return out
-
-
-def _word_casts(hlo):
-    return sum(op == "bitcast-convert" and typ.startswith("u32[")
-               for typ, op, _, _ in parse(hlo).values())
+    dims = contractions(hlo)
+    return [dims[entry[0]] for entry in filter(fp8_dot, dots(hlo))]
 
 
 def test_word_transposes_make_every_fp8_dot_k_minor_and_change_no_bit():
@@ -130,7 +109,7 @@ def test_word_transposes_make_every_fp8_dot_k_minor_and_change_no_bit():
     words, got, got_state = _run(True)
     assert sorted(_fp8_dot_contractions(words)) == [(1, 1)] * 5
     assert sorted(_fp8_dot_contractions(hlo)) == [(0, 0), (0, 0), (1, 0), (1, 1), (1, 1)]
-    assert (_word_casts(words), _word_casts(hlo)) == (5, 0)  # one per operand at dim 0
+    assert (word_casts(words), word_casts(hlo)) == (5, 0)  # one per operand at dim 0
     assert [a.tobytes() for a in got] == [a.tobytes() for a in losses]
     assert len(state) == len(got_state) > 10
     assert all(a.tobytes() == b.tobytes() for a, b in zip(state, got_state))
