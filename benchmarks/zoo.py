@@ -5,7 +5,7 @@ and Hugging Face Transformers and timm models (benchmarks/zoo_hf.py).
     PJRT_DEVICE=CPU .venv/bin/python benchmarks/zoo.py --check --models resnet18 \
         --policies fp32,tpu,cuda,cpu,cuda:float16
 
-Each model (10 classes, small images) trains with xla_amp.autocast +
+Each model (10 classes, small images: fitting_image) trains with xla_amp.autocast +
 GradScaler + syncfree.SGD(momentum=0.9) under each variant: ``fp32`` (no
 autocast), ``tpu``, ``cuda``, ``cpu`` (bfloat16 unless ``policy:dtype``);
 ``+compiled`` after a variant (``tpu+compiled``) runs its forward and loss
@@ -52,6 +52,7 @@ TORCHVISION = ("resnet18", "resnet50", "mobilenet_v3_small", "efficientnet_b0",
                "convnext_tiny", "densenet121", "regnet_y_400mf", "shufflenet_v2_x0_5",
                "vit_b_16")
 MODELS = TORCHVISION + ("transformer_layer",) + zoo_hf.MODELS
+NON_IMAGE = ("transformer_layer",) + zoo_hf.HF
 DEFAULT_TIMED = ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "transformer_layer")
 VARIANTS = ("fp32", "tpu", "cuda", "cpu")
 
@@ -70,8 +71,45 @@ class TransformerClassifier(nn.Module):
         return self.head(self.layer(self.embed(tokens)).mean(1))
 
 
-def build(name: str, batch: int, image: int, seed: int = 0):
-    """(model on CPU, input batch, targets) for `name`, deterministic."""
+# The image models' smallest input, and the steps up from it (fitting_image).
+IMAGE, IMAGE_STEP = 64, 32
+
+
+def fitting_image(make, image: int) -> int:
+    """The smallest image size, from `image` up in steps of IMAGE_STEP, at
+    which no dense convolution (groups=1) of the model ``make(size)`` builds
+    has a kernel larger than its input. XLA:CPU swaps such a convolution's
+    operands (a 3x3 kernel over a ResNet's last 2x2 maps at 64 px becomes a
+    2x2 window with ``rhs_reversal``), and its Eigen path does not take the
+    swapped form: the naive loop runs it 6-20x slower
+    (docs/upstream/xla_cpu_conv_operand_swap.md): ResNet-18's lazy step took
+    4.2 s at 64 px, 0.9-1.2 s at 96. Probed with one eager forward on
+    the CPU per size, in eval mode."""
+    while True:
+        model, seen = make(image).eval(), []
+        hooks = [m.register_forward_pre_hook(
+                    lambda conv, args: seen.append((conv.kernel_size, args[0].shape[2:])))
+                 for m in model.modules() if isinstance(m, nn.Conv2d) and m.groups == 1]
+        with torch.no_grad():
+            model(torch.zeros(1, 3, image, image))
+        for h in hooks:
+            h.remove()
+        if all(k[0] * k[1] <= s[0] * s[1] for k, s in seen):
+            return image
+        image += IMAGE_STEP
+
+
+def build(name: str, batch: int, image: int | None = None, seed: int = 0):
+    """(model on CPU, input batch, targets) for `name`, deterministic: the
+    same weights whatever the image size. An image model's images are
+    `image` pixels square, or by default the smallest fitting_image from
+    IMAGE."""
+    if image is None and name not in NON_IMAGE:
+        image = fitting_image(lambda size: _build(name, 1, size, seed)[0], IMAGE)
+    return _build(name, batch, image, seed)
+
+
+def _build(name: str, batch: int, image: int | None, seed: int):
     torch.manual_seed(seed)
     if name in zoo_hf.MODELS:
         return zoo_hf.build(name, batch, image)
@@ -214,7 +252,8 @@ def check(name: str, variants: list[str], steps: int, batch: int, image: int, lr
 
 def timed(names, rounds: int, steps: int, batch: int, image: int):
     dev = torch_xla.device()
-    print(f"Step time by policy (batch {batch}, {image}x{image} images; median of "
+    size = f"{image}x{image}" if image else "fitting_image's"
+    print(f"Step time by policy (batch {batch}, {size} images; median of "
           f"{rounds} interleaved rounds of {steps} steps; ratios are medians of "
           "per-round ratios)\n")
     print(md_header(["model", "policy", "ms/step", "vs tpu", "vs fp32",
@@ -246,7 +285,9 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--image", type=int, default=64)
+    ap.add_argument("--image", type=int, default=None,
+                    help=f"image models' size (default: the smallest from {IMAGE} at which "
+                    "no dense convolution's kernel is larger than its input: fitting_image)")
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--init_scale", type=float, default=2.0**16, help="GradScaler's")
     args = ap.parse_args(argv)

@@ -28,7 +28,10 @@ models); DenseNet-121 runs a process per variant. The sweeps compile with
 XLA's backend optimisation off and XLA:CPU's elemental emitters
 (tests/support/launch.py, FAST_COMPILE): the graphs and their numerics
 policy are the same, compilation takes a fraction of the time
-(DenseNet-121's step takes minutes to compile otherwise on 2 cores).
+(DenseNet-121's step takes minutes to compile otherwise on 2 cores). The
+images are 64 px, or 96 where a dense convolution's kernel would be larger
+than its map at 64 (the ResNets: benchmarks/zoo.py's fitting_image), which
+XLA:CPU runs 6-20x slower (docs/upstream/xla_cpu_conv_operand_swap.md).
 """
 import functools
 import json
