@@ -84,18 +84,24 @@ def fitting_image(make, image: int) -> int:
     swapped form: the naive loop runs it 6-20x slower
     (docs/upstream/xla_cpu_conv_operand_swap.md): ResNet-18's lazy step took
     4.2 s at 64 px, 0.9-1.2 s at 96. Probed with one eager forward on
-    the CPU per size, in eval mode."""
+    the CPU per size, in eval mode; refused past 4x `image` (a kernel over a
+    map that no input size grows, as after an adaptive pooling)."""
+    start = image
     while True:
         model, seen = make(image).eval(), []
-        hooks = [m.register_forward_pre_hook(
-                    lambda conv, args: seen.append((conv.kernel_size, args[0].shape[2:])))
-                 for m in model.modules() if isinstance(m, nn.Conv2d) and m.groups == 1]
+        for conv in model.modules():
+            if isinstance(conv, nn.Conv2d) and conv.groups == 1:
+                conv.register_forward_pre_hook(lambda c, args: seen.append(
+                    (c.kernel_size, tuple(args[0].shape[2:]))))
         with torch.no_grad():
             model(torch.zeros(1, 3, image, image))
-        for h in hooks:
-            h.remove()
-        if all(k[0] * k[1] <= s[0] * s[1] for k, s in seen):
+        over = [(k, s) for k, s in seen if k[0] * k[1] > s[0] * s[1]]
+        if not over:
             return image
+        if image + IMAGE_STEP > 4 * start:
+            raise ValueError(f"no image size from {start} to {image} px gives every dense "
+                             f"convolution a map at least its kernel's size: kernel {over[0][0]} "
+                             f"over a {over[0][1]} map at {image} px")
         image += IMAGE_STEP
 
 

@@ -26,6 +26,10 @@ def net(groups=1):  # 64 px -> a 2x2 map under a 3x3 kernel; 96 px -> 3x3
                          nn.Conv2d(8, 8, 3, padding=1, groups=groups))
 fits = [zoo.fitting_image(lambda size: net(), 64), zoo.fitting_image(lambda size: net(), 96),
         zoo.fitting_image(lambda size: net(groups=8), 64)]
+try:  # a map that no input size grows: refused, naming the kernel and map
+    zoo.fitting_image(lambda size: nn.Sequential(nn.AdaptiveAvgPool2d(1), *net()[::2]), 64)
+except ValueError as e:
+    fits.append(str(e))
 print(json.dumps(fits))
 model = net().to(torch_xla.device())
 for size in (64, fits[0]):
@@ -36,7 +40,7 @@ for size in (64, fits[0]):
 def test_xla_cpu_swaps_the_operands_of_a_kernel_larger_than_its_input(tmp_path):
     """fitting_image steps from 64 to 96 px for a dense 3x3 kernel over a 2x2
     map (not for a grouped one, which XLA:CPU's Eigen path does not take
-    either way); the optimized HLO of that convolution at 64 px has a
+    either way) and refuses a map no size grows; the optimized HLO of that convolution at 64 px has a
     reversed 2x2 window (the input became the kernel), and at 96 px the 3x3
     window, padded, as written."""
     env = launch_env(PYTHONPATH=os.path.join(ROOT, "benchmarks"),
@@ -45,7 +49,9 @@ def test_xla_cpu_swaps_the_operands_of_a_kernel_larger_than_its_input(tmp_path):
     proc = subprocess.run([sys.executable, "-c", _RUN], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(proc.stdout.splitlines()[-1]) == [96, 96, 64]
+    *fits, refused = json.loads(proc.stdout.splitlines()[-1])
+    assert fits == [96, 96, 64]
+    assert "kernel (3, 3) over a (1, 1) map at 256 px" in refused, refused
     convs = {}  # the 3x3 convolution's line by its map (its output's, NHWC)
     for path in glob.glob(os.path.join(tmp_path, "*after_optimizations.txt")):
         with open(path) as f:
