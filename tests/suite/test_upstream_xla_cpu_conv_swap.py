@@ -40,9 +40,9 @@ for size in (64, fits[0]):
 def test_xla_cpu_swaps_the_operands_of_a_kernel_larger_than_its_input(tmp_path):
     """fitting_image steps from 64 to 96 px for a dense 3x3 kernel over a 2x2
     map (not for a grouped one, which XLA:CPU's Eigen path does not take
-    either way) and refuses a map no size grows; the optimized HLO of that convolution at 64 px has a
-    reversed 2x2 window (the input became the kernel), and at 96 px the 3x3
-    window, padded, as written."""
+    either way) and refuses a map no size grows. The optimized HLO of that
+    convolution at 64 px has a reversed 2x2 window (the input became the
+    kernel), and at 96 px the 3x3 window, padded, as written."""
     env = launch_env(PYTHONPATH=os.path.join(ROOT, "benchmarks"),
                      XLA_FLAGS=f"--xla_dump_to={tmp_path} --xla_dump_hlo_as_text "
                      "--xla_backend_optimization_level=0")
