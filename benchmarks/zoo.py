@@ -226,7 +226,7 @@ def eager_reference(cpu_model, x, y, loss, steps: int, lr: float) -> dict:
     return {"deviation": abs(low - fp32) / abs(fp32), "losses": losses}
 
 
-def check(name: str, variants: list[str], steps: int, batch: int, image: int, lr: float,
+def check(name: str, variants: list[str], steps: int, batch: int, image: int | None, lr: float,
           init_scale: float, seed: int = 0):
     dev = torch_xla.device()
     cpu_model, x, y = build(name, batch, image, seed)
@@ -256,7 +256,7 @@ def check(name: str, variants: list[str], steps: int, batch: int, image: int, lr
         torch_xla.sync()
 
 
-def timed(names, rounds: int, steps: int, batch: int, image: int):
+def timed(names, rounds: int, steps: int, batch: int, image: int | None):
     dev = torch_xla.device()
     size = f"{image}x{image}" if image else "fitting_image's"
     print(f"Step time by policy (batch {batch}, {size} images; median of "
