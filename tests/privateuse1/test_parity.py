@@ -37,6 +37,13 @@ EXPLAINED = {
              "(_thnn_fused_gru_cell), which the CPU behind the stand-in lacks"},
     ("cuda", "aten::lstm_cell"): {
         "*": "the stand-in: as gru_cell (_thnn_fused_lstm_cell)"},
+    # the whole-network ops run the same cells (RNN.cpp's loop; rnn_tanh and
+    # rnn_relu have no fused kernel and agree)
+    **{(policy, key): {"*": "the stand-in: its cell loop takes the fused CUDA cell "
+                            "kernels, as gru_cell and lstm_cell"}
+       for policy, key in (("cpu", "aten::lstm.input"), ("cuda", "aten::lstm.input"),
+                           ("cuda", "aten::lstm.data"), ("cuda", "aten::gru.input"),
+                           ("cuda", "aten::gru.data"))},
 }
 
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.support.op_cases import CASES as TPU_CASES, Case
+from tests.support.recurrent_cases import CASES as RECURRENT_CASES
 
 aten = torch.ops.aten
 
@@ -380,5 +381,6 @@ CASES.update({
                              extra=lambda: [torch.randint(0, 3, (2, 2, 2))]),
     "py::truediv": Case(lambda: [_r(3, 4), _pos(3, 4)], lambda a, b: a / b),
 })
+CASES.update(RECURRENT_CASES)
 torch.manual_seed(0)
 _LU = torch.linalg.lu_factor(_wc())
