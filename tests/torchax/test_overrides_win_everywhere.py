@@ -26,8 +26,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # to still fail, so a torchax that learns it shows up here.
 TORCHAX_NOT_IN_BF16 = {"aten::renorm": "raises AssertionError"}
 # The stand-in: a cell on a non-CPU device takes the fused CUDA kernel
-# (_thnn_fused_lstm_cell), which the CPU behind it lacks (test_parity.py).
-STANDIN_CANNOT_RUN = {"aten::lstm_cell", "aten::gru_cell"}
+# (_thnn_fused_lstm_cell), which the CPU behind it lacks (test_parity.py);
+# the whole-network LSTM and GRU run those cells.
+STANDIN_CANNOT_RUN = {"aten::lstm_cell", "aten::gru_cell", "aten::lstm", "aten::lstm.input",
+                      "aten::gru"}
 
 
 def _tables() -> dict:
