@@ -132,9 +132,12 @@ CPU_DIFFERENCES = {("lstm-projections", 2): (torch.bfloat16, torch.float32)}
 
 @pytest.mark.parametrize("module", MODULES)
 def test_cpu_rules_match_torch_cpu_autocast(device, module):
-    if module.startswith("lstm") and "aten::lstm.input" in HOST_LIMITS:
-        pytest.skip(HOST_LIMITS["aten::lstm.input"])
-    want, want_grads = _torch_cpu(module)
+    try:
+        want, want_grads = _torch_cpu(module)
+    except RuntimeError as e:  # oneDNN's bfloat16 LSTM, on a CPU without AVX-512
+        if "aten::lstm.input" in HOST_LIMITS and "primitive descriptor" in str(e):
+            pytest.skip(HOST_LIMITS["aten::lstm.input"])
+        raise
     m, x, states = _build(module, device)
     with xla_amp.autocast(device, policy="cpu"):
         got, got_grads = _forward_backward(m, x, lambda: m(x, states))
