@@ -54,6 +54,7 @@ import torch
 
 from xla_amp.policies import _decompose as decompose
 from xla_amp.policies import _matmul_precision as matmul_precision
+from xla_amp.policies import _mixed as mixed
 from xla_amp.policies import _ops as ops
 from xla_amp.policies import _removed as removed
 from xla_amp.policies._adaptations import (  # noqa: F401  (part of this module's surface)
@@ -351,7 +352,7 @@ def load(path: str | Path) -> Policy:
             uncast[op] = str(value)
     for section, entries in data.items():
         if not isinstance(entries, dict) or section in ("sources", "uncast", removed.SECTION,
-                                                        decompose.SECTION):
+                                                        decompose.SECTION, mixed.SECTION):
             continue
         if section not in CATEGORIES:
             raise ValueError(f"{path}: [{section}] is not a category; one of {', '.join(CATEGORIES)}")
@@ -375,8 +376,12 @@ def load(path: str | Path) -> Policy:
                     reasons[op] = value["reason"]
             else:
                 sources[op] = str(value)
-    decomposed = decompose.read(path, text, data, categories)
-    adaptations = dict(xla_adaptations(), **decomposed) if decomposed else None
+    decomposed, computed = (decompose.read(path, text, data, categories),
+                            mixed.read(path, text, data, categories))
+    for op in decomposed.keys() & computed.keys():
+        raise ValueError(f"{where(op)}: {op} is both in [decompose] and in [fp32_compute]")
+    own = {**decomposed, **computed}
+    adaptations = dict(xla_adaptations(), **own) if own else None
     precision = matmul_precision.check(data.get("fp32_matmul_precision", "default"),
                                        where("fp32_matmul_precision"))
     follows = data.get("fp32_matmul_precision_follows_torch", False)
