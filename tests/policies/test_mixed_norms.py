@@ -122,6 +122,25 @@ def test_convnext_under_the_cpu_rules_has_torch_cpu_autocasts_dtypes(device):
     assert got == want
 
 
+def test_the_encoder_layers_cpu_fast_path_is_the_difference_left(device):
+    """Pinned (docs/policies.md): a batch_first TransformerEncoderLayer in
+    eval mode under no_grad takes PyTorch's CPU fast path, bfloat16 out;
+    on XLA its Python forward gives float32, as the CPU does in training."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    x = torch.randn(2, 5, 8)
+    got = {}
+    for mode in ("train", "eval"):
+        layer.train(mode == "train").cpu()
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            cpu = layer(x).dtype
+        layer.to(device)
+        with torch.no_grad(), xla_amp.autocast(device, policy="cpu"):
+            got[mode] = (layer(x.to(device)).dtype, cpu)
+    assert got == {"train": (torch.float32, torch.float32),
+                   "eval": (torch.float32, torch.bfloat16)}
+
+
 @pytest.mark.parametrize("text,match", [
     ('[fp32_compute]\n"aten::nope" = "x: y"\n', r":\d+: unknown op 'aten::nope'"),
     ('[fp32_compute]\n"aten::layer_norm" = ""\n', r":\d+: aten::layer_norm needs a citation"),
