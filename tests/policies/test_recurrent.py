@@ -27,7 +27,7 @@ from torch.func import functional_call
 import xla_amp
 from xla_amp import policies, syncfree
 
-from tests.support import clear_metrics, count, hlo
+from tests.support import clear_metrics, count, hlo, materialize
 from tests.support.conformance import HOST_LIMITS
 from tests.support.fp8 import dots
 
@@ -54,7 +54,7 @@ def _op(module: str) -> str:
 
 
 def _listed(policy: str, module: str) -> bool:
-    return policies.get(policy).expanded().get(_op(module)) == "lower_precision_fp"
+    return policies.get(policy).category(_op(module)) == "lower_precision_fp"
 
 
 def _build(module: str, device):
@@ -81,13 +81,6 @@ def _forward_backward(m, x, call):
     return outs, list(grads)
 
 
-def _materialize(tensors):
-    """Computes exactly `tensors`, in one graph. (A sync of every live
-    tensor adds the other run's leftovers, and XLA then fuses a float16
-    reduction differently: a GRU's bias gradient one float16 step apart.)"""
-    torch_xla._XLAC._xla_sync_multi(tensors, devices=[], wait=True)
-
-
 LISTED = [(p, m) for p in NAMES for m in MODULES if _listed(p, m)]
 
 
@@ -107,11 +100,11 @@ def test_a_listed_op_runs_as_a_manual_cast(device, policy, module):
     with xla_amp.autocast(device, policy=policy):
         got, got_grads = _forward_backward(m, x, lambda: m(x, states))
     kinds = {k for _, kk, _, _ in dots(hlo(*got)) for k in kk}
-    _materialize(got + got_grads)
+    materialize(got + got_grads)
     want, want_grads = _forward_backward(m, x, lambda: functional_call(
         m, {k: v.to(low) for k, v in m.named_parameters()},
         (x.to(low), torch.utils._pytree.tree_map(lambda t: t.to(low), states))))
-    _materialize(want + want_grads)
+    materialize(want + want_grads)
     assert [t.dtype for t in got] == [low] * len(got)
     assert kinds == {str(low).replace("torch.", "").replace("bfloat", "bf").replace("float", "f")}
     assert [g.dtype for g in got_grads] == [torch.float32] * len(got_grads)
@@ -141,7 +134,7 @@ def test_cpu_rules_match_torch_cpu_autocast(device, module):
     m, x, states = _build(module, device)
     with xla_amp.autocast(device, policy="cpu"):
         got, got_grads = _forward_backward(m, x, lambda: m(x, states))
-    _materialize(got + got_grads)
+    materialize(got + got_grads)
     for i, (g, w) in enumerate(zip(got, want)):
         assert (g.dtype, w.dtype) == CPU_DIFFERENCES.get((module, i), (w.dtype, w.dtype))
         torch.testing.assert_close(g.cpu().float(), w.float(), rtol=3e-2, atol=3e-2)

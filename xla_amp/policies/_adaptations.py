@@ -58,3 +58,25 @@ def xla_adaptations() -> dict[str, str]:
 def adaptation_reason(op: str) -> str:
     """Why `op` (an entry of xla_adaptations()) is adapted."""
     return _adaptation_table()[1][op]
+
+
+def read_policy_section(path, text: str, data: dict, section: str, categories: dict,
+                        check) -> dict[str, str]:
+    """op -> `section` for a policy file's own adaptation table ([decompose],
+    [fp32_compute]); ValueError naming file:line for an unknown op, an entry
+    `check(op, value)` objects to (its text), or an op the file also puts in
+    a category."""
+    out = {}
+    for op, value in data.get(section, {}).items():
+        where = f"{path}:{removed.line_of(text, op, section)}"
+        try:
+            ops.validate(op)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        problem = check(op, value)
+        if problem:
+            raise ValueError(f"{where}: {problem}")
+        if op in categories:
+            raise ValueError(f"{where}: {op} is both in [{categories[op]}] and in [{section}]")
+        out[op] = section
+    return out

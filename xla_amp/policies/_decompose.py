@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from xla_amp.policies import _ops as ops
+from xla_amp.policies._adaptations import read_policy_section
 
 SECTION = "decompose"
 
@@ -54,19 +55,10 @@ def read(path, text: str, data: dict, categories: dict) -> dict[str, str]:
     """op -> "decompose" for the file's [decompose] table (the policy's
     adaptations); ValueError naming file:line for an op that is not a
     composite or that the file also puts in a category."""
-    from xla_amp.policies import _removed as removed
-    out = {}
-    for op in data.get(SECTION, {}):
-        where = f"{path}:{removed.line_of(text, op, SECTION)}"
-        try:
-            ops.validate(op)
-        except ValueError as e:
-            raise ValueError(f"{where}: {e}") from None
+    def check(op, _value):
         if not composite(op):
-            raise ValueError(f"{where}: {op} has no composite kernel in PyTorch (no "
-                             "CompositeImplicitAutograd / CompositeExplicitAutograd): there "
-                             "is no decomposition to run")
-        if op in categories:
-            raise ValueError(f"{where}: {op} is both in [{categories[op]}] and in [{SECTION}]")
-        out[op] = "decompose"
-    return out
+            return (f"{op} has no composite kernel in PyTorch (no "
+                    "CompositeImplicitAutograd / CompositeExplicitAutograd): there "
+                    "is no decomposition to run")
+        return None
+    return read_policy_section(path, text, data, SECTION, categories, check)

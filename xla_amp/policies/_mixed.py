@@ -23,7 +23,7 @@ exists and is in no category of the policy (a category would win).
 """
 from __future__ import annotations
 
-from xla_amp.policies import _ops as ops
+from xla_amp.policies._adaptations import read_policy_section
 
 SECTION = "fp32_compute"
 
@@ -32,18 +32,8 @@ def read(path, text: str, data: dict, categories: dict) -> dict[str, str]:
     """op -> "fp32_compute" for the file's [fp32_compute] table (the policy's
     adaptations); ValueError naming file:line for an unknown op, a missing
     citation or an op the file also puts in a category."""
-    from xla_amp.policies import _removed as removed
-    out = {}
-    for op, why in data.get(SECTION, {}).items():
-        where = f"{path}:{removed.line_of(text, op, SECTION)}"
-        try:
-            ops.validate(op)
-        except ValueError as e:
-            raise ValueError(f"{where}: {e}") from None
+    def check(op, why):
         if not isinstance(why, str) or not why.strip():
-            raise ValueError(f"{where}: {op} needs a citation (\"source: what the system does\")")
-        if op in categories:
-            raise ValueError(f"{where}: {op} is both in [{categories[op]}] and in [{SECTION}]: "
-                             "the category would win")
-        out[op] = SECTION
-    return out
+            return f"{op} needs a citation (\"source: what the system does\")"
+        return None
+    return read_policy_section(path, text, data, SECTION, categories, check)
