@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -171,14 +172,22 @@ def test_env_bad_line_names_file_and_line(tmp_path):
     assert "aten::exp" in r.stderr.split("closest known names:")[1]
 
 
+# The import reads the files through _env_overrides.read_environment (the
+# bad-line case above shows its error ending the import): the other refusals
+# call that reader in this process, with the environment they name.
+
 def test_env_missing_file_names_it(tmp_path):
-    r = _run({"XLA_AMP_PROMOTE_OPS_LIST": None}, tmp_path)
-    assert r.returncode != 0
-    assert f"{tmp_path / 'missing.txt'}: cannot read op list" in r.stderr
+    from xla_amp.policies import _env_overrides
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'missing.txt'}: cannot read op list")):
+        _env_overrides.read_environment({"XLA_AMP_PROMOTE_OPS_LIST":
+                                         str(tmp_path / "missing.txt")})
 
 
 def test_env_op_in_two_lists_is_refused(tmp_path):
-    r = _run({"XLA_AMP_LOWER_PRECISION_OPS_LIST": "aten::mm\n",
-              "XLA_AMP_FP32_OPS_LIST": "aten::mm\n"}, tmp_path)
-    assert r.returncode != 0
-    assert "aten::mm is listed by both XLA_AMP_LOWER_PRECISION_OPS_LIST" in r.stderr
+    for var in ("XLA_AMP_LOWER_PRECISION_OPS_LIST", "XLA_AMP_FP32_OPS_LIST"):
+        (tmp_path / var).write_text("aten::mm\n")
+    from xla_amp.policies import _env_overrides
+    with pytest.raises(ValueError, match="aten::mm is listed by both "
+                                         "XLA_AMP_LOWER_PRECISION_OPS_LIST"):
+        _env_overrides.read_environment({var: str(tmp_path / var) for var in (
+            "XLA_AMP_LOWER_PRECISION_OPS_LIST", "XLA_AMP_FP32_OPS_LIST")})
