@@ -36,6 +36,10 @@
 #               dtypes for every public function with a sample (the cuda
 #               rules' reference, tests/policies/cuda_autocast_dtypes.json;
 #               recorded on an H200 with torch 2.11)
+#   modules     scripts/record_cuda_autocast.py --modules: the same for every
+#               module of PyTorch's module_db (outputs of each submodule,
+#               gradients): the reference for a module sweep of the cuda rules
+#               (not recorded yet; commit it as tests/policies/cuda_module_dtypes.json)
 #   fp8-probe   one fp8 GEMM of the MLP's shape compiled with XLA's defaults
 #               and with Triton GEMMs off (55.6 s against 0.11 s on an H200)
 # The lent image has neither torchax nor expecttest: their wheels travel in
@@ -91,6 +95,7 @@ part gpu-lm 300 $PY -m benchmarks.gpu --only fp16,bf16,eager-amp,compile-amp --u
   --flag-sets="${FLAG_SETS:---xla_gpu_exhaustive_tiling_search=true}" --steps 30 --rounds 3 \
   --out "$OUT/gpu-lm"
 part composites 90 $PY -m scripts.record_cuda_autocast --out "$OUT/cuda_autocast_dtypes.json"
+part modules 150 $PY -m scripts.record_cuda_autocast --modules --out "$OUT/cuda_module_dtypes.json"
 part fp8-probe 60 $PY -m benchmarks.fp8_gpu --worker probe
 echo "total $(( SECONDS - start )) s" >> "$OUT/parts.log"
 for f in "$OUT"/*/*.md; do [ -f "$f" ] && { echo "== $f"; cat "$f"; }; done  # the tables, on stdout too

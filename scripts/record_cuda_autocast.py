@@ -6,6 +6,13 @@ compares xla_amp's cuda policy on XLA:CPU against it).
 
     python -m scripts.record_cuda_autocast [--out FILE]   # on a lent GPU
     python -m scripts.record_cuda_autocast --device cpu   # the script's own check
+    python -m scripts.record_cuda_autocast --modules [--out FILE]
+        every module of PyTorch's module_db with its samples instead
+        (tests/support/module_sweep.py): the output dtypes of the module and
+        each submodule, the parameters' gradient dtypes, with and without
+        autocast -- the reference a module sweep of the cuda rules needs
+        (tests/policies/test_module_sweep.py sweeps the cpu rules against
+        torch.autocast("cpu"); CUDA's cannot run without a GPU)
 
 (from the checkout's root: it imports the tests package)
 
@@ -48,15 +55,37 @@ def record(device: str) -> dict:
     return cases
 
 
+def record_modules(device: str) -> dict:
+    """{"Class|case|desc": {"signature", "autocast": [forward, backward], "plain": ...}}."""
+    from tests.support import module_sweep as M
+    dtype = torch.float16 if device == "cuda" else torch.bfloat16
+    cases = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for info in M.MODULES.values():
+            for case, training, sample in M.cases(info):
+                f = sample.forward_input
+                args, kwargs = M.to(f.args, device), M.to(f.kwargs, device)
+                entry = {"signature": M.signature(sample)}
+                for kind, region in (("autocast", lambda: torch.autocast(device, dtype=dtype)),
+                                     ("plain", contextlib.nullcontext)):
+                    module = M.build(info.module_cls, training, sample).to(device)
+                    entry[kind] = list(M.run(module, args, kwargs, region))
+                cases[f"{info.module_cls.__name__}|{case}|{sample.desc}"] = entry
+    return cases
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT") or "build",
-                                                  "cuda_autocast_dtypes.json"))
+    ap.add_argument("--modules", action="store_true")
+    ap.add_argument("--out")
     args = ap.parse_args(argv)
+    name = "cuda_module_dtypes.json" if args.modules else "cuda_autocast_dtypes.json"
+    args.out = args.out or os.path.join(os.environ.get("OUT") or "build", name)
     assert "torchax" not in sys.modules and "torch_xla" not in sys.modules
     t0 = time.perf_counter()
-    cases = record(args.device)
+    cases = (record_modules if args.modules else record)(args.device)
     table = {"recorded": {"torch": torch.__version__, "device": args.device,
                           "device_name": (torch.cuda.get_device_name(0)
                                           if args.device == "cuda" else "cpu"),

@@ -32,86 +32,20 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
-from torch.testing._internal.common_modules import module_db
-from torch.utils._pytree import tree_flatten, tree_map
 
 import xla_amp
 
+from tests.support.module_sweep import MODULES, build, cases, ends_the_process, run, to
+
 LOW = torch.bfloat16
-MODULES = {m.name: m for m in module_db if not m.name.startswith("nn.Lazy")}
 # torch_xla 2.9 replaces nn.GRU with its scan GRU, which runs on XLA tensors
 # only (tests/engine/test_upstream_torch_xla_scan_gru.py): the CPU side
 # builds torch's own
 _GRU = getattr(nn.GRU, "_orig", None)
-RAISES = "raises"
 
 
 def _cpu_class(cls):
     return _GRU if _GRU is not None and cls is nn.GRU else cls
-
-
-def _dtypes(out) -> list[str]:
-    return [str(t.dtype) for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-
-
-def _grad_dtypes(module, out) -> list[str]:
-    floats = [t for t in tree_flatten(out)[0]
-              if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()]
-    params = [p for p in module.parameters() if p.requires_grad]
-    if not floats or not params:
-        return []
-    grads = torch.autograd.grad(sum(t.float().sum() for t in floats), params, allow_unused=True)
-    return [str(g.dtype) if g is not None else "none" for g in grads]
-
-
-def _run(module, args, kwargs, region) -> tuple:
-    """(forward dtypes, gradient dtypes): the output dtypes of the module and
-    of each submodule, in call order, and the parameters' gradient dtypes;
-    each a list, or RAISES (the gradients also when the forward raised)."""
-    seen = []
-    hooks = [m.register_forward_hook(
-        lambda m, i, o, name=name: seen.append(f"{name or '.'}: {_dtypes(o)}"))
-        for name, m in module.named_modules()]
-    try:
-        with region():
-            out = module(*args, **kwargs)
-        forward = seen + _dtypes(out)
-    except Exception:  # noqa: BLE001 -- a raise is a result to compare
-        return RAISES, RAISES
-    finally:
-        for h in hooks:
-            h.remove()
-    try:
-        return forward, _grad_dtypes(module, out)
-    except Exception:  # noqa: BLE001
-        return forward, RAISES
-
-
-def _to(tree, device):
-    return tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, tree)
-
-
-def _cases(info):
-    """Training mode, and eval mode where the database says the two differ."""
-    for training in (True, False) if info.train_and_eval_differ else (True,):
-        for k, sample in enumerate(info.module_inputs_func(
-                info, device="cpu", dtype=torch.float32, requires_grad=False,
-                training=training)):
-            if sample.forward_input is not None:
-                yield f"{'train' if training else 'eval'}-{k}", training, sample
-
-
-def _build(cls, training, sample):
-    torch.manual_seed(0)
-    c = sample.constructor_input
-    return cls(*c.args, **c.kwargs).train(training)
-
-
-def _ends_the_process(info, sample) -> bool:
-    """An unbatched nll_loss: logits [C], a 0-dim class index (pinned upstream)."""
-    args = sample.forward_input.args
-    return (info.module_cls in (nn.CrossEntropyLoss, nn.NLLLoss) and len(args) == 2
-            and args[0].dim() == 1 and args[1].dim() == 0 and not args[1].is_floating_point())
 
 
 def _is_projected_lstm(info, sample) -> bool:
@@ -135,21 +69,20 @@ def _host_cannot(info, cpu_module, sample) -> bool:
 def test_module_dtypes_match_torch_cpu_autocast(device, name):
     info = MODULES[name]
     compared = 0
-    for case, training, sample in _cases(info):
-        if _ends_the_process(info, sample):
+    for case, training, sample in cases(info):
+        if ends_the_process(info, sample):
             continue
         f = sample.forward_input
         label = f"{name} {case}"
-        cpu = _build(_cpu_class(info.module_cls), training, sample)
+        cpu = build(_cpu_class(info.module_cls), training, sample)
         if _host_cannot(info, copy.deepcopy(cpu), sample):
             continue
         xla = (copy.deepcopy(cpu) if info.module_cls is _cpu_class(info.module_cls)
-               else _build(info.module_cls, training, sample)).to(device)
+               else build(info.module_cls, training, sample)).to(device)
         cpu_plain, xla_plain = copy.deepcopy(cpu), copy.deepcopy(xla)
-        args, kwargs = _to(f.args, device), _to(f.kwargs, device)
-        want = _run(cpu, f.args, f.kwargs, lambda: torch.autocast("cpu", dtype=LOW))
-        got = _run(xla, args, kwargs,
-                   lambda: xla_amp.autocast(device, policy="cpu", dtype=LOW))
+        args, kwargs = to(f.args, device), to(f.kwargs, device)
+        want = run(cpu, f.args, f.kwargs, lambda: torch.autocast("cpu", dtype=LOW))
+        got = run(xla, args, kwargs, lambda: xla_amp.autocast(device, policy="cpu", dtype=LOW))
         compared += 1
         if _is_projected_lstm(info, sample):
             # output, h_n as the CPU's; c_n bfloat16 (the CPU's cell loop keeps float32)
@@ -160,8 +93,8 @@ def test_module_dtypes_match_torch_cpu_autocast(device, name):
         if want == got:
             continue
         # the stack's part: torch_xla and the CPU differ there without autocast
-        stack = (_run(cpu_plain, f.args, f.kwargs, contextlib.nullcontext),
-                 _run(xla_plain, args, kwargs, contextlib.nullcontext))
+        stack = (run(cpu_plain, f.args, f.kwargs, contextlib.nullcontext),
+                 run(xla_plain, args, kwargs, contextlib.nullcontext))
         for part, name_ in enumerate(("forward", "backward")):
             if want[part] != got[part] and stack[0][part] == stack[1][part]:
                 raise AssertionError(f"{label} {name_}: torch.autocast('cpu') {want[part]}, "
