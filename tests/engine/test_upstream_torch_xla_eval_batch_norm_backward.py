@@ -1,7 +1,8 @@
 """torch_xla 2.9 cannot differentiate batch norm in eval mode (running
 statistics, pytorch/xla#3361, open since 2022): the backward raises "The
-size of mean should be compatible with feature count", lazily and compiled,
-with or without autocast. Eval-mode forward works. Users meet it when they
+size of mean should be compatible with feature count", with or without
+autocast (lazily here; through torch.compile's openxla backend too, measured
+2026-11-29). Eval-mode forward works. Users meet it when they
 freeze a model's BatchNorm layers (`.eval()`) while fine-tuning the rest, or
 take input gradients of a model in eval mode. Pinned: the first test fails
 once upstream changes; then update
