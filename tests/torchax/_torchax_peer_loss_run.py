@@ -14,7 +14,11 @@ ends by END:
                 process "exit")
     raise       an unhandled RuntimeError (the hook marks it "fail")
 The test SIGKILLs one of the pair mid-run (STEPS large), lets both finish,
-or has one raise.
+or has one raise. With PEER_LOSS_GATE=PATH in its environment a process
+prints "gate" after step 2 and waits until PATH exists before step 3 (the
+other can be killed while this one is not inside a collective); if PATH
+then holds "raise", it raises the error gloo raises in a step whose peer
+has died, as if its step 3 had.
 """
 import os
 import sys
@@ -47,7 +51,16 @@ mesh = Mesh(np.array(jax.devices()), ("data",))
 step = xt.make_train_step(model, lambda out, y: ((out - y) ** 2).mean(), optax.sgd(1e-2),
                           mesh=mesh, sharding="replicate")
 x, y = torch.randn(8, 16, generator=torch.Generator().manual_seed(1)), torch.zeros(8, 1)
+GATE = os.environ.get("PEER_LOSS_GATE")
 for i in range(STEPS):
+    if GATE and i == 3:
+        print("gate", flush=True)
+        while not os.path.exists(GATE):
+            time.sleep(0.05)
+        with open(GATE) as f:
+            if f.read() == "raise":
+                raise RuntimeError("UNKNOWN: Gloo all-reduce failed: [pair.cc:538] Read error: "
+                                   "Connection reset by peer (raised by the test)")
     print(f"step {i} {float(step(x, y)):.6f}", flush=True)
 time.sleep(LINGER)
 print("done", flush=True)

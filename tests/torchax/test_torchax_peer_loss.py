@@ -9,6 +9,9 @@ through make_train_step(mesh=..., sharding="replicate")
     where the kill cut a message in half, by gloo's own abort at once)
     process 1 ending on an unhandled exception: process 0 exits the same
     way at once, the line saying process 1 failed
+    process 0's own step raising because process 1 died (gloo's
+    "Connection reset by peer"): process 0 exits naming process 1, as if
+    it had blocked
     a clean run, process 0 lingering past peer_timeout_s after process 1
     has ended without jax.distributed.shutdown(): both exit 0, nobody named
     bad arguments: refused before anything changes
@@ -84,15 +87,17 @@ def _report(tmp_path, procs):
     return "\n".join(parts)
 
 
-def _start(tmp_path, steps, linger, end):
+def _start(tmp_path, steps, linger, end, gate=(None, None)):
     """Both children, stdout and stderr to files in tmp_path; `steps`,
-    `linger` and `end` per process (see the child's docstring)."""
+    `linger`, `end` and `gate` (PEER_LOSS_GATE) per process (see the
+    child's docstring)."""
     port, procs = _free_port(), []
     for pid in (0, 1):
+        env = _env() if gate[pid] is None else dict(_env(), PEER_LOSS_GATE=str(gate[pid]))
         with open(tmp_path / f"out{pid}", "w") as out, open(tmp_path / f"err{pid}", "w") as err:
             procs.append(subprocess.Popen(
                 [sys.executable, RUN, str(pid), str(port), str(steps[pid]), str(linger[pid]),
-                 end[pid]], stdout=out, stderr=err, env=_env(), cwd=ROOT))
+                 end[pid]], stdout=out, stderr=err, env=env, cwd=ROOT))
     return procs
 
 
@@ -139,6 +144,38 @@ def test_a_killed_process_ends_the_survivor_naming_it(tmp_path):
     assert len(lines) == 1 and lines[0].startswith(
         "xla_amp.torchax: process 1 of 2 stopped answering (no heartbeat for "), report
     assert lines[0].endswith(f"exiting (process 0, status {PEER_LOST_EXIT_CODE})"), report
+
+
+@pytest.mark.core  # Python 3.12 refuses new threads in exit hooks: the watchdog's exit there
+def test_a_step_that_raises_because_its_peer_died_names_the_peer(tmp_path):
+    """Gloo sometimes notices the kill itself: the survivor's step raises
+    ("Connection reset by peer"; once in a make torchax run, 2026-11-29).
+    Process 0 waits at its gate while process 1 blocks in step 3's
+    collective; process 1 is SIGKILLed, then process 0 raises that error.
+    Its exit hook must not mark it failed (JAX's shutdown barrier would
+    abort it a heartbeat timeout later, naming nobody): the watchdog names
+    process 1, status 75."""
+    gate = tmp_path / "gate"
+    procs = _start(tmp_path, steps=(10 ** 6, 10 ** 6), linger=(0, 0), end=("shutdown",) * 2,
+                   gate=(gate, None))
+    try:
+        _wait_for(tmp_path, procs, 0, "gate")
+        _wait_for(tmp_path, procs, 1, "step ", 3)
+        time.sleep(0.5)  # process 1 inside step 3's all-reduce, waiting for process 0
+        procs[1].send_signal(signal.SIGKILL)
+        procs[1].wait()
+        since = time.monotonic()
+        gate.write_text("raise")
+        elapsed, lines = _survivor_exit(tmp_path, procs, since)
+    finally:
+        _kill_all(procs)
+    report = _report(tmp_path, procs)
+    print(f"process 1 killed, process 0 raised: rc {procs[0].returncode} after {elapsed:.1f} s")
+    assert "Connection reset by peer (raised by the test)" in _read(tmp_path, "err0"), report
+    assert procs[0].returncode == PEER_LOST_EXIT_CODE, report
+    assert elapsed < KILL_TO_EXIT_S, f"{elapsed:.1f} s\n{report}"
+    assert len(lines) == 1 and lines[0].startswith(
+        "xla_amp.torchax: process 1 of 2 stopped answering (no heartbeat for "), report
 
 
 def test_a_process_that_raises_ends_the_others_naming_it(tmp_path):

@@ -45,7 +45,10 @@ returns -- when
         xla_amp.torchax: process 1 of 2 stopped answering (no heartbeat for
         6.0 s); exiting (process 0, status 75)
     a process ended on an unhandled exception (its atexit hook marks its
-    key "fail"; a clean end marks it "exit", no longer watched):
+    key "fail" once every other watched process has beaten since -- an
+    exception raised because a peer died, such as gloo's "Connection reset
+    by peer" in the step, ends it with the peer named as above instead; a
+    clean end marks it "exit", no longer watched):
         xla_amp.torchax: process 1 of 2 failed (an unhandled exception
         there); exiting (process 0, status 75)
 
@@ -194,18 +197,22 @@ class _Watchdog(threading.Thread):
         self.key = f"{KEY_PREFIX}{process_id}"
         self.stopping = threading.Event()
         self.final = EXITED  # what stop_at_exit has the thread write last
+        self.raised_at = None  # when stop_at_exit found an unhandled exception
+        self.since_raise = None  # every process's value in the first read after it
+        self.peers_beat = threading.Event()  # every one has changed since
 
     def run(self):
         counter, changed = 0, {}
         while not self.stopping.is_set() and self.state.client is self.client:
             counter += 1
+            asked = time.monotonic()  # the values read below are at least this recent
             try:
                 self.client.key_value_set(self.key, str(counter), allow_overwrite=True)
                 entries = self.client.key_value_dir_get(KEY_PREFIX)
             except Exception:  # noqa: BLE001  no answer: the service is gone (JAX
                 pass           # aborts this process itself) or a shutdown is under way
             else:
-                self._check(entries, changed, time.monotonic())
+                self._check(entries, changed, asked)
             self.stopping.wait(self.beat_s)
         if self.stopping.is_set() and self.state.client is self.client:
             try:
@@ -215,7 +222,9 @@ class _Watchdog(threading.Thread):
 
     def _check(self, entries, changed, now):
         """Records each process's value (when it last changed) and ends this
-        process if one failed or has been silent for peer_timeout_s."""
+        process if one failed or has been silent for peer_timeout_s; after
+        an unhandled exception here, sets peers_beat once every watched
+        value differs from the first read begun after it."""
         failed, silent = [], {}
         for key, value in entries:
             pid = key[len(KEY_PREFIX):]
@@ -230,6 +239,12 @@ class _Watchdog(threading.Thread):
                 changed[pid] = (value, now)
             elif now - changed[pid][1] > self.peer_timeout_s:
                 silent[pid] = now - changed[pid][1]
+        if self.raised_at is not None and now > self.raised_at:
+            values = {pid: value for pid, (value, _) in changed.items()}
+            if self.since_raise is None:
+                self.since_raise = values
+            elif all(values.get(pid) != value for pid, value in self.since_raise.items()):
+                self.peers_beat.set()  # (a process that ended since counts as changed)
         if failed and self._watching():
             self._exit(f"{_processes(failed)} of {self.num_processes} failed (an unhandled "
                        f"exception there)")
@@ -250,15 +265,31 @@ class _Watchdog(threading.Thread):
         except OSError:
             pass
         flusher = threading.Thread(target=_flush, daemon=True)
-        flusher.start()
-        flusher.join(1.0)
+        try:
+            flusher.start()
+        except RuntimeError:  # during the exit hook (Python 3.12+: no new threads at
+            _flush()          # interpreter shutdown); the main thread waits in it
+        else:
+            flusher.join(1.0)
         os._exit(PEER_LOST_EXIT_CODE)
 
     def stop_at_exit(self):
         """atexit: mark this process's key "exit", or "fail" after an
         unhandled exception (sys.last_value / sys.last_exc), so the others
-        stop watching it or end at once; bounded wait for the thread."""
+        stop watching it or end at once; bounded wait for the thread.
+
+        Whose failure an exception is, is settled first: a step whose peer
+        died raises here too (gloo's "Connection reset by peer"), and
+        marking this process "fail" then would name the wrong one to the
+        others and leave this one to JAX's shutdown barrier, which aborts
+        it a heartbeat timeout later naming nobody. So the watchdog runs on
+        until every watched process has beaten after the exception (the
+        failure is this process's own: 1-2 beats) or it names a lost one
+        and exits; at most peer_timeout_s and three beats."""
         if any(getattr(sys, name, None) is not None for name in ("last_exc", "last_value")):
+            if self.is_alive() and self._watching():
+                self.raised_at = time.monotonic()
+                self.peers_beat.wait(self.peer_timeout_s + 3 * self.beat_s + 1.0)
             self.final = FAILED
         self.stopping.set()
         self.join(2 * self.beat_s + 1.0)
