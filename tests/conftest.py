@@ -30,6 +30,15 @@ import importlib.util  # noqa: E402
 if importlib.util.find_spec("torch_xla") is not None:
     os.environ.setdefault("XLA_FLAGS", BACKEND_O0)
 
+# torch.compile(dynamic=True) builds Dynamo's shape guards in C++; the first
+# build in a process has Inductor probe each vector ISA the CPU reports by
+# compiling a test library and loading it in a fresh interpreter that imports
+# torch (torch 2.9 on an AVX-512/AMX host: six of them, about 11 s of CPU, in
+# test_dynamic_shapes alone). "0" builds the guards without vector flags and
+# probes nothing ("1" still probes AVX512-BF16 and AMX); the tests compile
+# with openxla, never with Inductor's CPU kernels (docs/compiled.md).
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
+
 # The launchers' prepared digits (xla_amp_launch/data_cache.py) in the tree,
 # not in the user's home: made by the run's first launcher, read by the rest.
 os.environ.setdefault("XLA_AMP_CACHE", os.path.join(ROOT, "build", "data-cache"))
