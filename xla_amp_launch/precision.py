@@ -19,17 +19,30 @@ def _norm_classes():
     return (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm, nn.GroupNorm)
 
 
-def parse_module_policy(text: str | None) -> dict:
-    """``"LayerNorm=fp32,head=fp32"`` -> rules for xla_amp.module_policies:
-    a key naming a torch.nn class means that class, any other key is a glob
-    on module names. ValueError naming a malformed entry."""
-    from torch import nn
-    rules: dict = {}
+def module_policy_entries(text: str | None) -> list[tuple[str, str]]:
+    """``"LayerNorm=fp32,head=fp32"`` -> [(key, policy), ...], without
+    importing torch (the flag's validator runs before the launcher imports
+    it). ValueError naming a malformed entry."""
+    entries = []
     for entry in filter(None, (e.strip() for e in (text or "").split(","))):
         key, sep, value = entry.partition("=")
         key, value = key.strip(), value.strip()
         if not sep or not key or not value:
             raise ValueError(f"--module_policy: entry {entry!r} is not key=policy")
+        entries.append((key, value))
+    return entries
+
+
+def parse_module_policy(text: str | None) -> dict:
+    """``"LayerNorm=fp32,head=fp32"`` -> rules for xla_amp.module_policies:
+    a key naming a torch.nn class means that class, any other key is a glob
+    on module names. ValueError naming a malformed entry."""
+    entries = module_policy_entries(text)
+    if not entries:
+        return {}
+    from torch import nn
+    rules: dict = {}
+    for key, value in entries:
         cls = getattr(nn, key, None)
         rules[cls if isinstance(cls, type) and issubclass(cls, nn.Module) else key] = value
     return rules

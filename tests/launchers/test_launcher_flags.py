@@ -23,10 +23,16 @@ from tests.support.launch import ROOT, SCRIPTS, launch
     ("train_mnist_amp.py", ["--fp8", "--precision", "bf16_master"], "--fp8 takes float32 weights"),
 ])
 def test_bad_flag_values_are_usage_errors(script, args, expect):
-    proc = launch(script, *args)
+    """...before torch is imported (2 s; torch_xla 5 s more), where checking
+    the flags does not need it: the --model check needs torchvision's list."""
+    proc = launch(script, *args, PYTHONPROFILEIMPORTTIME="1")  # python -X importtime
     assert proc.returncode == 1
     assert "FATAL Flags parsing error" in proc.stderr and expect in proc.stderr
     assert "Traceback" not in proc.stderr
+    imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
+                if line.startswith("import time:") and "|" in line}
+    assert "absl.flags" in imported  # (the profile is there to read)
+    assert ("torch" in imported) == (expect == "--model must be a torchvision"), expect
 
 
 PARSE = """
