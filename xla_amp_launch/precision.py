@@ -37,12 +37,9 @@ def parse_module_policy(text: str | None) -> dict:
     """``"LayerNorm=fp32,head=fp32"`` -> rules for xla_amp.module_policies:
     a key naming a torch.nn class means that class, any other key is a glob
     on module names. ValueError naming a malformed entry."""
-    entries = module_policy_entries(text)
-    if not entries:
-        return {}
     from torch import nn
     rules: dict = {}
-    for key, value in entries:
+    for key, value in module_policy_entries(text):
         cls = getattr(nn, key, None)
         rules[cls if isinstance(cls, type) and issubclass(cls, nn.Module) else key] = value
     return rules
