@@ -137,9 +137,12 @@ wheel: $(STAMP)
 # slower 2-core host seen (no AVX-512); .ci/run prints each target's time
 # beside its budget. --durations prints the slowest tests. In-process graphs
 # compile at XLA's backend optimisation 0 (tests/conftest.py, #53).
+# A worker that dies ends the run (--max-worker-restart=0): with a restarted
+# worker, xdist 3.8's scope scheduler re-queues the dead one's finished files
+# and the run hangs (pinned in tests/suite/test_suite_scheduling.py).
 TEST_WORKERS ?= 2
 PYTEST   := $(PY) -m pytest -q
-XDIST    := -n $(TEST_WORKERS) --dist loadgroup
+XDIST    := -n $(TEST_WORKERS) --dist loadgroup --max-worker-restart=0
 
 # Everything not marked for a target below, on two xdist workers; the groups
 # of subprocess-heavy tests each on one worker at a time (tests/conftest.py).

@@ -15,7 +15,7 @@ os.environ.pop("XLA_USE_BF16", None)  # would override per-op precision
 # the compile options, so a stale entry cannot be loaded for another program.
 # torch_xla 2.9's own persistent cache is written but never loaded on XLA:CPU
 # (pinned in tests/suite/test_compile_cache.py), so it stays off.
-from tests.support import quiet_gc  # noqa: E402
+from tests.support import memory_maps, quiet_gc  # noqa: E402
 from tests.support.launch import BACKEND_O0, ROOT  # noqa: E402  (os, re, sys only)
 
 # XLA:CPU compiles the tests' graphs with backend optimisation off
@@ -29,6 +29,11 @@ from tests.support.launch import BACKEND_O0, ROOT  # noqa: E402  (os, re, sys on
 import importlib.util  # noqa: E402
 if importlib.util.find_spec("torch_xla") is not None:
     os.environ.setdefault("XLA_FLAGS", BACKEND_O0)
+    # At most 256 executables a process, not torch_xla's 2048: each holds two
+    # memory maps a kernel, and a make-test worker that compiled ~1,100 graphs
+    # ended at 52,000 of Linux's 65,530 (a .ci/run worker died past it); with
+    # 256, at 32,700 (tests/support/memory_maps.py's guard counts them).
+    os.environ.setdefault("XLA_COMPILATION_CACHE_SIZE", "256")
 
 # torch.compile(dynamic=True) builds Dynamo's shape guards in C++; the first
 # build in a process has Inductor probe each vector ISA the CPU reports by
@@ -147,6 +152,19 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                                         "each under it: share a run or move to a target)")
         for nodeid, seconds in over:
             terminalreporter.write_line(f"{seconds:6.1f}s  OVER {TEST_SECONDS:.0f} s  {nodeid}")
+
+
+_tests_torn_down = 0
+
+
+def pytest_runtest_teardown(item):
+    """Every EVERY tests, this process's memory maps against the limit
+    (tests/support/memory_maps.py): a run that nears it stops with an error
+    naming the count, before XLA:CPU's next compile kills the worker."""
+    global _tests_torn_down
+    _tests_torn_down += 1
+    if _tests_torn_down % memory_maps.EVERY == 0:
+        memory_maps.check()
 
 
 def pytest_unconfigure(config):

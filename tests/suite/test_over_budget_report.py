@@ -28,8 +28,30 @@ def test_ci_prints_each_targets_time_on_a_line_of_its_own():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with open(os.path.join(root, ".ci", "run")) as f:
         func = re.search(r"^run_target\(\) \{.*?^\}$", f.read(), re.S | re.M).group(0)
-    script = ("make() { printf 'no newline at the end'; }\nSUMMARY=''\n" + func
+    script = ("timeout() { shift 3; \"$@\"; }\n"  # timeout -k 30 SECONDS make ...
+              "make() { printf 'no newline at the end'; }\nSUMMARY=''\n" + func
               + "\nrun_target current 4 current\n")
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True,
                          timeout=30).stdout
     assert re.search(r"^=== ci: current +0:00  \(budget  4:00\)$", out, re.M), out
+
+
+def test_ci_stops_a_target_at_its_deadline_naming_it(tmp_path):
+    """A hung target ends .ci/run at the deadline, before CI's own stop,
+    with its line and its name; the targets after it do not start."""
+    import os
+    import re
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, ".ci", "run")) as f:
+        text = f.read()
+    func = re.search(r"^run_target\(\) \{.*?^\}$", text, re.S | re.M).group(0)
+    assert re.search(r"^DEADLINE=\$\(\(85 \* 60\)\)$", text, re.M)
+    (tmp_path / "mk").write_text("hang:\n\tsleep 60\n")
+    script = ("START=$SECONDS\nDEADLINE=2\nSUMMARY=''\n" + func
+              + f"\nrun_target hung 1 -f {tmp_path / 'mk'} hang\necho after\n")
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 124, proc.stdout + proc.stderr
+    assert re.search(r"^=== ci: hung +0:0[23]  \(budget  1:00\)$", proc.stdout, re.M), proc.stdout
+    assert "=== ci: hung stopped at the deadline, 2 s after the start" in proc.stdout
+    assert "after" not in proc.stdout.splitlines()[-1]
