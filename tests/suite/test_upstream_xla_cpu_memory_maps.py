@@ -21,13 +21,13 @@ def graph(n):  # one graph per n: a dot, a reduction, a softmax
     x = torch.arange(8.0 * n, device=dev).reshape(n, 8)
     return ((x @ x.T).relu().sum(0) * n).softmax(0).cpu()
 counts = [memory_maps.count()]
-for n in range(1, 25):
+for n in range(1, 17):
     graph(n)
     counts.append(memory_maps.count())
 print(json.dumps(counts), flush=True)
 most, keep = memory_maps.limit(), []  # one page a map, neighbours unmergeable
 while memory_maps.count() < most - 10:
-    for _ in range(max(1, min(500, (most - 10 - memory_maps.count()) // 2))):
+    for _ in range(max(1, (most - 10 - memory_maps.count()) // 2)):
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if len(keep) % 2 else 0)
         keep.append(mmap.mmap(-1, 4096, prot=prot))
 print("filled", memory_maps.count(), flush=True)
