@@ -159,12 +159,17 @@ _tests_torn_down = 0
 
 def pytest_runtest_teardown(item):
     """Every EVERY tests, this process's memory maps against the limit
-    (tests/support/memory_maps.py): a run that nears it stops with an error
-    naming the count, before XLA:CPU's next compile kills the worker."""
+    (tests/support/memory_maps.py): a run that nears it stops, the test
+    that found it in error naming the count, before XLA:CPU's next compile
+    kills the worker."""
     global _tests_torn_down
     _tests_torn_down += 1
     if _tests_torn_down % memory_maps.EVERY == 0:
-        memory_maps.check()
+        try:
+            memory_maps.check()
+        except RuntimeError as e:
+            item.session.shouldstop = str(e)
+            raise
 
 
 def pytest_unconfigure(config):

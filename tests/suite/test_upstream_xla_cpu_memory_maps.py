@@ -4,7 +4,10 @@ executable evicted from the cache gives them back, and a process at
 vm.max_map_count dies at its next compile, its cause on stderr only.
 Pinned: when XLA:CPU stops mapping kernels apart, or survives the limit,
 this fails (then tests/conftest.py's cache bound and guard can go)."""
+import inspect
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -62,3 +65,24 @@ def test_the_guard_names_the_count_and_the_limit():
     with pytest.raises(RuntimeError, match=rf"holds \d+ memory maps, over \d+% of "
                                            rf"vm.max_map_count \({most}\)"):
         memory_maps.check(share=held / most / 2)
+
+
+@pytest.mark.skipif(memory_maps.limit() is None, reason="no vm.max_map_count (not Linux)")
+def test_the_suites_guard_stops_the_run_at_the_tenth_test(tmp_path):
+    """tests/conftest.py's hook, with SHARE so low that any process is past
+    it: the tenth test errors naming the count, and no test after it runs."""
+    from tests import conftest
+    (tmp_path / "conftest.py").write_text(
+        "from tests.support import memory_maps\nmemory_maps.SHARE = 1e-6\n"
+        "_tests_torn_down = 0\n\n" + inspect.getsource(conftest.pytest_runtest_teardown))
+    (tmp_path / "test_many.py").write_text(
+        "import pytest\n@pytest.mark.parametrize('i', range(25))\ndef test_i(i):\n    pass\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p",
+                           "no:xdist", "-q", str(tmp_path)], capture_output=True, text=True,
+                          cwd=tmp_path, env={**env, "PYTHONPATH": ROOT}, timeout=120)
+    out = proc.stdout
+    assert proc.returncode != 0, out
+    assert re.search(r"\b10 passed, 1 error\b", out), out[-2000:]
+    assert "ERROR at teardown of test_i[9]" in out, out[-2000:]
+    assert re.search(r"Interrupted: this process holds \d+ memory maps", out), out[-2000:]

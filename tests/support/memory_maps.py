@@ -29,9 +29,10 @@ def limit() -> int | None:
         return None
 
 
-def check(share: float = SHARE) -> None:
+def check(share: float | None = None) -> None:
     """Raise RuntimeError, naming the count and the limit, when this process
-    holds more than `share` of the limit's maps."""
+    holds more than `share` (SHARE unless given) of the limit's maps."""
+    share = SHARE if share is None else share
     most = limit()
     if most is None:
         return
