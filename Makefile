@@ -139,9 +139,12 @@ wheel: $(STAMP)
 # compile at XLA's backend optimisation 0 (tests/conftest.py, #53).
 # A worker that dies ends the run (--max-worker-restart=0): with a restarted
 # worker, xdist 3.8's scope scheduler re-queues the dead one's finished files
-# and the run hangs (pinned in tests/suite/test_suite_scheduling.py).
+# and the run hangs (pinned in tests/suite/test_suite_scheduling.py). What
+# native code writes to stderr goes to the log, not into pytest's capture,
+# which a dying process takes with it (--capture=sys: a native abort's cause,
+# docs/upstream/xla_cpu_memory_maps.md; ~10 lines of C++ warnings a make test).
 TEST_WORKERS ?= 2
-PYTEST   := $(PY) -m pytest -q
+PYTEST   := $(PY) -m pytest -q --capture=sys
 XDIST    := -n $(TEST_WORKERS) --dist loadgroup --max-worker-restart=0
 
 # Everything not marked for a target below, on two xdist workers; the groups

@@ -74,8 +74,9 @@ def _crash_run(tmp_path, flags, timeout):
     (tmp_path / "conftest.py").write_text(_scheduler_conftest())
     for i in range(20):
         (tmp_path / f"test_f{i:02}.py").write_text("def test_f():\n    pass\n")
-    (tmp_path / "test_z.py").write_text("import os\ndef test_crash():\n    os.abort()\n")
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+    (tmp_path / "test_z.py").write_text(
+        "import os\ndef test_crash():\n    os.write(2, b'the native cause\\n')\n    os.abort()\n")
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
                              *flags, str(tmp_path)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=_env(),
                             start_new_session=True)
@@ -88,10 +89,12 @@ def _crash_run(tmp_path, flags, timeout):
     return proc.returncode, out
 
 
-def _makefile_xdist_flags():
+def _makefile_flags():
+    """The flags `make test` gives pytest: PYTEST's after `-m pytest`, XDIST's."""
     make = open(os.path.join(ROOT, "Makefile")).read()
-    flags = re.search(r"^XDIST\s*:=(.*)$", make, re.M).group(1)
-    return flags.replace("$(TEST_WORKERS)", "2").split()
+    pytest_flags = re.search(r"^PYTEST\s*:=.*-m pytest(.*)$", make, re.M).group(1)
+    xdist = re.search(r"^XDIST\s*:=(.*)$", make, re.M).group(1)
+    return pytest_flags.split() + xdist.replace("$(TEST_WORKERS)", "2").split()
 
 
 def test_pinned_xdist_hangs_when_it_replaces_a_crashed_worker(tmp_path):
@@ -101,18 +104,25 @@ def test_pinned_xdist_hangs_when_it_replaces_a_crashed_worker(tmp_path):
     come. `.ci/run` at c069e6d sat so for 80 minutes after a worker aborted,
     until CI stopped it. Pinned: when this run ends, xdist is fixed."""
     with pytest.raises(subprocess.TimeoutExpired):
-        _crash_run(tmp_path, ["-n", "2", "--dist", "loadgroup"], timeout=6)
+        _crash_run(tmp_path, ["-q", "-n", "2", "--dist", "loadgroup"], timeout=6)
 
 
 def test_a_crashed_worker_ends_the_run_naming_its_test(tmp_path):
-    """With the Makefile's xdist flags (--max-worker-restart=0) the same crash
-    ends the run at once: exit 1, the crashed test failed by name."""
-    flags = _makefile_xdist_flags()
+    """With the Makefile's flags (--max-worker-restart=0) the same crash ends
+    the run at once: exit 1, the crashed test failed by name, and what the
+    test wrote to stderr at the native level before it died in the log
+    (--capture=sys; with pytest's default fd capture it died with the
+    worker, as the cause of the abort in CI did)."""
+    flags = _makefile_flags()
     assert "--max-worker-restart=0" in flags and "loadgroup" in flags
     rc, out = _crash_run(tmp_path, flags, timeout=120)
     assert rc == 1, out[-3000:]
     assert "crashed while running 'test_z.py::test_crash'" in out, out[-3000:]
     assert re.search(r"1 failed, \d+ passed", out), out[-3000:]
+    assert "the native cause" in out, out[-3000:]
+    flags.remove("--capture=sys")
+    rc, out = _crash_run(tmp_path, flags, timeout=120)
+    assert rc == 1 and "the native cause" not in out, out[-3000:]
 
 
 def test_groups():
