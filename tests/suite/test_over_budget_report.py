@@ -3,7 +3,12 @@ listed at the end of a `make test` run by name and seconds, slowest first;
 setup and teardown do not count, and the run is not failed by it
 (tests/conftest.py, pytest_terminal_summary); .ci/run's per-target times
 start their own lines."""
+import os
+import re
+import subprocess
+
 from tests import conftest
+from tests.support.launch import ROOT
 
 
 class _Report:
@@ -18,16 +23,18 @@ def test_the_list_names_slow_calls_only():
     assert conftest.TEST_SECONDS == 15.0
 
 
+def _ci_run_target():
+    """.ci/run's text and its run_target function."""
+    with open(os.path.join(ROOT, ".ci", "run")) as f:
+        text = f.read()
+    return text, re.search(r"^run_target\(\) \{.*?^\}$", text, re.S | re.M).group(0)
+
+
 def test_ci_prints_each_targets_time_on_a_line_of_its_own():
     """.ci/run's per-target line starts a line even when the target's last
     output lacked its newline (the current profile's exit, Triton's
     nanobind leak report): `^=== ci:` finds every target."""
-    import os
-    import re
-    import subprocess
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    with open(os.path.join(root, ".ci", "run")) as f:
-        func = re.search(r"^run_target\(\) \{.*?^\}$", f.read(), re.S | re.M).group(0)
+    _, func = _ci_run_target()
     script = ("timeout() { shift 3; \"$@\"; }\n"  # timeout -k 30 SECONDS make ...
               "make() { printf 'no newline at the end'; }\nSUMMARY=''\n" + func
               + "\nrun_target current 4 current\n")
@@ -39,13 +46,7 @@ def test_ci_prints_each_targets_time_on_a_line_of_its_own():
 def test_ci_stops_a_target_at_its_deadline_naming_it(tmp_path):
     """A hung target ends .ci/run at the deadline, before CI's own stop,
     with its line and its name; the targets after it do not start."""
-    import os
-    import re
-    import subprocess
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    with open(os.path.join(root, ".ci", "run")) as f:
-        text = f.read()
-    func = re.search(r"^run_target\(\) \{.*?^\}$", text, re.S | re.M).group(0)
+    text, func = _ci_run_target()
     assert re.search(r"^DEADLINE=\$\(\(85 \* 60\)\)$", text, re.M)
     (tmp_path / "mk").write_text("hang:\n\tsleep 60\n")
     script = ("START=$SECONDS\nDEADLINE=2\nSUMMARY=''\n" + func

@@ -9,11 +9,7 @@ import sys
 import pytest
 
 from tests import conftest
-from tests.support.launch import ROOT
-
-
-def _env():
-    return {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+from tests.support.launch import ROOT, nested_pytest_env
 
 
 def _run_xdist(tmp_path, conftest_text=""):
@@ -26,7 +22,7 @@ def _run_xdist(tmp_path, conftest_text=""):
             "def test_grouped(i):\n    pass\n")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2",
                            "--dist", "loadgroup", "-v", str(tmp_path)], capture_output=True,
-                          text=True, cwd=tmp_path, env=_env(), timeout=300)
+                          text=True, cwd=tmp_path, env=nested_pytest_env(), timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return re.findall(r"\[(gw\d)\].*PASSED (\S+)", proc.stdout)
 
@@ -36,8 +32,8 @@ def _scheduler_conftest(large=(), small=()):
     hook = open(conftest.__file__).read()
     start = hook.index("def subprocess_group")
     return ("import os\nimport pytest\nGROUP_ORDER = ('large-graphs', 'small-graphs')\n"
-            + hook[start:].replace("LARGE_GRAPHS", repr(set(large)) if large else "set()")
-            .replace("SMALL_GRAPHS", repr(set(small)) if small else "set()"))
+            + hook[start:].replace("LARGE_GRAPHS", repr(set(large)))
+            .replace("SMALL_GRAPHS", repr(set(small))))
 
 
 def test_pinned_xdist_loadgroup_ignores_groups_on_this_pytest(tmp_path):
@@ -78,7 +74,7 @@ def _crash_run(tmp_path, flags, timeout):
         "import os\ndef test_crash():\n    os.write(2, b'the native cause\\n')\n    os.abort()\n")
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
                              *flags, str(tmp_path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=_env(),
+                            stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=nested_pytest_env(),
                             start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)

@@ -6,7 +6,6 @@ Pinned: when XLA:CPU stops mapping kernels apart, or survives the limit,
 this fails (then tests/conftest.py's cache bound and guard can go)."""
 import inspect
 import json
-import os
 import re
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import sys
 import pytest
 
 from tests.support import memory_maps
-from tests.support.launch import BACKEND_O0, ROOT, launch_env
+from tests.support.launch import BACKEND_O0, ROOT, launch_env, nested_pytest_env
 
 _RUN = """
 import json, mmap, torch, torch_xla
@@ -77,10 +76,9 @@ def test_the_suites_guard_stops_the_run_at_the_tenth_test(tmp_path):
         "_tests_torn_down = 0\n\n" + inspect.getsource(conftest.pytest_runtest_teardown))
     (tmp_path / "test_many.py").write_text(
         "import pytest\n@pytest.mark.parametrize('i', range(25))\ndef test_i(i):\n    pass\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p",
                            "no:xdist", "-q", str(tmp_path)], capture_output=True, text=True,
-                          cwd=tmp_path, env={**env, "PYTHONPATH": ROOT}, timeout=120)
+                          cwd=tmp_path, env=nested_pytest_env(PYTHONPATH=ROOT), timeout=120)
     out = proc.stdout
     assert proc.returncode != 0, out
     assert re.search(r"\b10 passed, 1 error\b", out), out[-2000:]

@@ -29,6 +29,13 @@ MNIST_TINY = ["--batch_size", 32, "--num_epochs", 2, "--eval_batch_size", 120,
               "--log_steps", 4]
 
 
+def nested_pytest_env(**env_vars) -> dict:
+    """This environment for a pytest run started by a test: without pytest's
+    own variables (PYTEST_ADDOPTS, xdist's PYTEST_XDIST_WORKER, ...)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    return {**env, **env_vars}
+
+
 def launch_env(**env_vars) -> dict:
     env = {**os.environ, "PJRT_DEVICE": "CPU", "XLA_FLAGS": FAST_COMPILE, **env_vars}
     env.pop("CPU_NUM_DEVICES", None)

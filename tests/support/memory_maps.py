@@ -7,9 +7,12 @@ code page and a read-only page (an MLP's training step at the tests' flags:
 2048 executables a process (``XLA_COMPILATION_CACHE_SIZE``). One of
 `make test`'s workers compiles ~1,100 graphs and ended at 52,000 maps. Past
 the limit the next compile fails (LLVM: "Cannot allocate memory") and the
-process dies by SIGABRT or SIGSEGV, its message held in pytest's capture of
-the test and lost with it (tests/suite/test_upstream_xla_cpu_memory_maps.py pins it)."""
+process dies by SIGABRT or SIGSEGV; under pytest's default fd capture its
+message dies with it (the Makefile's --capture=sys keeps it;
+tests/suite/test_upstream_xla_cpu_memory_maps.py pins the behaviour)."""
 from __future__ import annotations
+
+import os
 
 SHARE = 0.8  # the guard stops a run past this share of the limit
 EVERY = 10   # tests between two counts (a count of 50,000 maps: ~5 ms)
@@ -42,9 +45,5 @@ def check(share: float | None = None) -> None:
             f"this process holds {held} memory maps, over {share:.0%} of vm.max_map_count "
             f"({most}); past it XLA:CPU's next compile kills the process. Each cached "
             f"executable holds two maps a kernel: lower XLA_COMPILATION_CACHE_SIZE (now "
-            f"{_cache_size()}) or start fewer graphs in one process")
-
-
-def _cache_size() -> str:
-    import os
-    return os.environ.get("XLA_COMPILATION_CACHE_SIZE", "torch_xla's 2048")
+            f"{os.environ.get('XLA_COMPILATION_CACHE_SIZE', 'torch_xla default, 2048')}) "
+            "or start fewer graphs in one process")
