@@ -8,6 +8,14 @@ import os
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 os.environ.pop("XLA_USE_BF16", None)  # would override per-op precision
 
+# Bytecode caches written (__pycache__, ignored by git) by the run, its xdist
+# workers and every process a test starts, whatever the environment says: with
+# PYTHONDONTWRITEBYTECODE=1 (this host's default) each of them compiled the
+# test modules, pytest's rewritten asserts and xla_amp from source (#53).
+import sys  # noqa: E402
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 # One JAX compilation cache for every process of a run (xdist workers and the
 # subprocesses they start inherit this environment): the torchax tests and
 # their subprocesses compile many of the same programs. A clean clone starts
