@@ -74,8 +74,8 @@ def _crash_run(tmp_path, flags, timeout):
         "import os\ndef test_crash():\n    os.write(2, b'the native cause\\n')\n    os.abort()\n")
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
                              *flags, str(tmp_path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=nested_pytest_env(),
-                            start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+                            env=nested_pytest_env(), start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
