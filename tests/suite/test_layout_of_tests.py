@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 from tests import conftest
-from tests.support.launch import ROOT
+from tests.support.launch import ROOT, nested_pytest_env
 
 TESTS = pathlib.Path(conftest.TESTS)
 # Marked tests that live elsewhere on purpose: the public-names check of
@@ -194,19 +194,37 @@ def test_the_static_reading_agrees_with_pytest_on_a_sample(tmp_path):
               "tests/api/test_layout.py"]
     (tmp_path / "dump_marks.py").write_text(DUMP)
     out = tmp_path / "marks.json"
-    env = dict(os.environ, PYTHONPATH=str(tmp_path), XLA_AMP_MARKS_OUT=str(out))
     markers = " or ".join(conftest.TARGET_FOLDERS)
     proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p",
                            "dump_marks", "-p", "no:xdist", "-m", f"{markers} or not ({markers})",
-                           *sample], capture_output=True, text=True, cwd=ROOT, env=env,
-                          timeout=300)
+                           *sample], capture_output=True, text=True, cwd=ROOT,
+                          env=_sample_env(tmp_path, out), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     collected = json.loads(out.read_text())
+    # every sample file read: a run that collected nothing would pass below
+    assert {n.split("::")[0] for n in collected} == set(sample), sorted(collected)
     static = _every_test_and_its_markers()
     for nodeid, names in collected.items():
         test = nodeid.split("[")[0]
         got = set(names) & set(conftest.TARGET_FOLDERS)
         assert got in static[test], (nodeid, got, static[test])
+
+
+def _sample_env(plugin_dir, out) -> dict:
+    """The sample's pytest run: none of this run's pytest variables (a
+    PYTEST_ADDOPTS of `-k ...` would deselect the sample, `-p plugin` fail
+    it), the dumping plugin's folder ahead of the caller's PYTHONPATH."""
+    path = os.pathsep.join(p for p in (str(plugin_dir), os.environ.get("PYTHONPATH")) if p)
+    return nested_pytest_env(PYTHONPATH=path, XLA_AMP_MARKS_OUT=str(out))
+
+
+def test_the_samples_run_leaves_this_runs_pytest_options_out(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-k nothing -p a_plugin_on_the_callers_path")
+    monkeypatch.setenv("PYTHONPATH", "/the/callers/plugins")
+    env = _sample_env(tmp_path, tmp_path / "marks.json")
+    assert not [k for k in env if k.startswith("PYTEST")], env
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(tmp_path), "/the/callers/plugins"]
+    assert env["XLA_AMP_MARKS_OUT"] == str(tmp_path / "marks.json")
 
 
 DUMP = '''
