@@ -89,7 +89,7 @@ def _makefile_flags():
     """The flags `make test` gives pytest: PYTEST's after `-m pytest`, XDIST's."""
     make = open(os.path.join(ROOT, "Makefile")).read()
     pytest_flags = re.search(r"^PYTEST\s*:=.*-m pytest(.*)$", make, re.M).group(1)
-    xdist = re.search(r"^XDIST\s*:=(.*)$", make, re.M).group(1)
+    xdist = re.search(r"^XDIST\s*:?=(.*)$", make, re.M).group(1)
     return pytest_flags.split() + xdist.replace("$(TEST_WORKERS)", "2").split()
 
 
