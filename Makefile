@@ -13,7 +13,7 @@ MAX_JOBS ?= 2
 export PJRT_DEVICE ?= CPU
 PIP_QUIET  = 2>&1 | grep -v "^WARNING: Location" || true
 
-.PHONY: all venv dev current build bazel wheel test integrations sharded faults torchax fp8 launchers zoo zoo-large demo bench docs clean
+.PHONY: all venv venvs dev current build bazel wheel test integrations sharded faults torchax fp8 launchers zoo zoo-large demo bench docs clean
 
 all: test
 
@@ -80,6 +80,19 @@ current: xla_amp/.built-current
 
 venv: $(STAMP)
 dev: $(DEV_STAMP)
+
+# Both venvs and both builds of the extension, .ci/run's first step: `make
+# build dev`, with the current profile's venv and extension (above) built
+# beside it. pip unpacks and byte-compiles one file at a time, on one core,
+# so two installs side by side share the two cores instead of taking turns
+# (#53). The current profile's output follows .venv's.
+venvs:
+	@mkdir -p build
+	@$(MAKE) --no-print-directory xla_amp/.built-current > build/venv-current.log 2>&1 & cur=$$!; \
+	$(MAKE) --no-print-directory build dev; rc=$$?; \
+	wait $$cur; rc_cur=$$?; \
+	echo "== .venv-current and its extension, beside it:"; cat build/venv-current.log; \
+	test $$rc = 0 && test $$rc_cur = 0
 
 # Put library $(1) and its build record $(2) where the package loads them;
 # rename, not overwrite: running processes keep the old file mapped.

@@ -156,3 +156,44 @@ def test_the_files_sent_first_exist():
     for path in conftest.FIRST:
         assert os.path.isfile(os.path.join(os.path.dirname(conftest.TESTS), path)), path
     assert len(set(conftest.FIRST)) == len(conftest.FIRST)
+
+
+def _venvs_tree(tmp_path, current_built):
+    """A tree for the Makefile alone: .venv and its extension up to date
+    (stamps newer than their inputs), the current profile's up to date or
+    not, and no Python 3.12 to build it with (PYTHON312=false)."""
+    (tmp_path / "xla_amp").mkdir()
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv-current").mkdir()
+    with open(os.path.join(ROOT, "Makefile")) as f:
+        (tmp_path / "Makefile").write_text(f.read())
+    stamps = [".venv/.requirements-installed", ".venv/.requirements-dev-installed",
+              "xla_amp/.built"]
+    if current_built:
+        stamps += [".venv-current/.requirements-installed", "xla_amp/.built-current"]
+    inputs = ["requirements.txt", "requirements-dev.txt", "requirements-current.txt",
+              "setup.py", "pyproject.toml", "xla_amp/_version_check.py"]
+    for i, name in enumerate(inputs + stamps):
+        (tmp_path / name).touch()
+        os.utime(tmp_path / name, (1_000_000 + i, 1_000_000 + i))  # in this order
+    return subprocess.run(["make", "--no-print-directory", "venvs", "PYTHON312=false"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+
+
+def test_make_venvs_fails_when_the_current_profile_beside_it_fails(tmp_path):
+    """`make venvs` (.ci/run's first target) builds the current profile in
+    the background beside `make build dev`: its failure fails the target,
+    its output shown, though .venv's part succeeded; with both up to date it
+    passes. .ci/run's `current` then has only its tests to run."""
+    (tmp_path / "fails").mkdir()
+    proc = _venvs_tree(tmp_path / "fails", current_built=False)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "Nothing to be done for 'dev'" in proc.stdout, proc.stdout
+    assert "false -m venv .venv-current" in proc.stdout, proc.stdout
+    (tmp_path / "ok").mkdir()
+    proc = _venvs_tree(tmp_path / "ok", current_built=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "'xla_amp/.built-current' is up to date" in proc.stdout, proc.stdout
+    with open(os.path.join(ROOT, ".ci", "run")) as f:
+        goals = re.findall(r"^run_target \S+ [\d.]+ (.+)$", f.read(), re.M)
+    assert goals[0] == "venvs" and goals.index("current") > 0, goals
