@@ -66,17 +66,21 @@ xla_amp/.built-current: $(CUR_STAMP) $(SOURCES)
 	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(CUR_PY) -c "from xla_amp import _engine; assert _engine.privateuse1_native() is not None, _engine.privateuse1_problem()"
 	touch $@
 
+# $(call beside,command,log,foreground command,what): `command` in the
+# background, its output into build/`log`, while the foreground one runs;
+# then that output under "== `what`, beside it:". Fails if either failed.
+beside = mkdir -p build; $(1) > build/$(2) 2>&1 & bg=$$!; $(3); rc=$$?; \
+	wait $$bg; rc_bg=$$?; echo "== $(4), beside it:"; cat build/$(2); \
+	test $$rc = 0 && test $$rc_bg = 0
+
 # Two runs: torchax renames PrivateUse1 "jax" for its whole process, the
 # stand-in device names it "tpu". They run side by side (the torchax one,
 # one process, ~30 s, mostly one test, beside the other's two workers; its
 # output after the other's): 79 -> 64 s of tests (#53).
+CUR_PYTEST = TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(CUR_PY) -m pytest -q --durations=10
 current: xla_amp/.built-current
-	@TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(CUR_PY) -m pytest -q -m "core and torchax" --durations=10 tests/torchax \
-	  > build/current-torchax.log 2>&1 & tx=$$!; \
-	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(CUR_PY) -m pytest -q $(XDIST) -m "core and not torchax" --durations=10 tests; \
-	rc=$$?; wait $$tx; rc_tx=$$?; \
-	echo "== the torchax run (core and torchax), beside it:"; cat build/current-torchax.log; \
-	test $$rc = 0 && test $$rc_tx = 0
+	@$(call beside,$(CUR_PYTEST) -m "core and torchax" tests/torchax,current-torchax.log,\
+	  $(CUR_PYTEST) $(XDIST) -m "core and not torchax" tests,the torchax run (core and torchax))
 
 venv: $(STAMP)
 dev: $(DEV_STAMP)
@@ -87,12 +91,8 @@ dev: $(DEV_STAMP)
 # so two installs side by side share the two cores instead of taking turns
 # (#53). The current profile's output follows .venv's.
 venvs:
-	@mkdir -p build
-	@$(MAKE) --no-print-directory xla_amp/.built-current > build/venv-current.log 2>&1 & cur=$$!; \
-	$(MAKE) --no-print-directory build dev; rc=$$?; \
-	wait $$cur; rc_cur=$$?; \
-	echo "== .venv-current and its extension, beside it:"; cat build/venv-current.log; \
-	test $$rc = 0 && test $$rc_cur = 0
+	@$(call beside,$(MAKE) --no-print-directory xla_amp/.built-current,venv-current.log,\
+	  $(MAKE) --no-print-directory build dev,.venv-current and its extension)
 
 # Put library $(1) and its build record $(2) where the package loads them;
 # rename, not overwrite: running processes keep the old file mapped.

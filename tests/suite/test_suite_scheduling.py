@@ -162,9 +162,8 @@ def _venvs_tree(tmp_path, current_built):
     """A tree for the Makefile alone: .venv and its extension up to date
     (stamps newer than their inputs), the current profile's up to date or
     not, and no Python 3.12 to build it with (PYTHON312=false)."""
-    (tmp_path / "xla_amp").mkdir()
-    (tmp_path / ".venv").mkdir()
-    (tmp_path / ".venv-current").mkdir()
+    for folder in ("xla_amp", ".venv", ".venv-current"):
+        (tmp_path / folder).mkdir(parents=True)
     with open(os.path.join(ROOT, "Makefile")) as f:
         (tmp_path / "Makefile").write_text(f.read())
     stamps = [".venv/.requirements-installed", ".venv/.requirements-dev-installed",
@@ -185,12 +184,10 @@ def test_make_venvs_fails_when_the_current_profile_beside_it_fails(tmp_path):
     the background beside `make build dev`: its failure fails the target,
     its output shown, though .venv's part succeeded; with both up to date it
     passes. .ci/run's `current` then has only its tests to run."""
-    (tmp_path / "fails").mkdir()
     proc = _venvs_tree(tmp_path / "fails", current_built=False)
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert "Nothing to be done for 'dev'" in proc.stdout, proc.stdout
     assert "false -m venv .venv-current" in proc.stdout, proc.stdout
-    (tmp_path / "ok").mkdir()
     proc = _venvs_tree(tmp_path / "ok", current_built=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "'xla_amp/.built-current' is up to date" in proc.stdout, proc.stdout
