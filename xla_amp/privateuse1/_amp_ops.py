@@ -29,7 +29,7 @@ def _check_and_unscale(grads, found_inf, inv_scale):
         for g in grads:
             by_dtype.setdefault(g.dtype, []).append(g)
         for gs in by_dtype.values():
-            bad = unscale_list(gs, inv_scale)[1].any().to(found_inf.dtype)
+            bad = unscale_list(gs, inv_scale).any().to(found_inf.dtype)
             found_inf.copy_(torch.maximum(found_inf, bad))
 
 

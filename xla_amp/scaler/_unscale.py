@@ -1,10 +1,9 @@
 """GradScaler's unscale pass, with one inf/NaN flag per gradient kept on
 the device (`GradScaler.overflow_report` reads them).
 
-    per device, per gradient dtype, per element count n:
-        rows = stack(flatten(g) for the gradients of n elements)
-        flag[those] = isnan(sum(rows * 0, per row))   (inf*0 and NaN*0 are
-                      NaN; a sum propagates NaN, XLA's max does not)
+    per device, per gradient dtype:
+        flag[i] = isnan(sum(|g_i * 0|))     (inf*0 and NaN*0 are NaN; a sum
+                                             propagates NaN, XLA's max does not)
         g *= 1/scale                         (bf16: in float32, rounded once)
     found_inf[device] = any(flag)            (0./1., float32)
     after the step:  last = flag;  last_skipped = found ? flag : last_skipped
@@ -44,45 +43,27 @@ def unscale(grads: dict, inv_scale: torch.Tensor):
             inv = inv_scale.to(device)
             device_flags, positions = [], []
             for dtype, entries in per_dtype.items():
-                order, dtype_flags = unscale_list([g for g, _ in entries], inv)
-                positions += [entries[i][1] for i in order]
-                device_flags.append(dtype_flags)
+                positions += [pos for _, pos in entries]
+                device_flags.append(unscale_list([g for g, _ in entries], inv))
             device_flags = torch.cat(device_flags)
             found[device] = device_flags.any().to(torch.float32)
             flags.append((positions, device_flags))
     return found, flags
 
 
-def unscale_list(gs: list, inv: torch.Tensor) -> tuple[list[int], torch.Tensor]:
-    """Multiplies gradients of one dtype by `inv` in place; returns the
-    inf/NaN flags (tensor ops only, no sync; also the PrivateUse1 engine's
-    ``_amp_foreach_non_finite_check_and_unscale_``): ``flags[k]`` is
-    ``gs[order[k]]``'s."""
+def unscale_list(gs: list, inv: torch.Tensor) -> torch.Tensor:
+    """Multiplies gradients of one dtype by `inv` in place; returns a bool
+    per gradient: has an inf/NaN (tensor ops only, no sync; also the
+    PrivateUse1 engine's ``_amp_foreach_non_finite_check_and_unscale_``)."""
     # bf16: PyTorch/XLA's lowering multiplies bf16 by f32, which XLA
     # rejects (test_xla_known_issues.py): unscale in f32, round once
     wide = gs if gs[0].dtype == torch.float32 else [g.float() for g in gs]
-    order, flags = nonfinite_flags(wide)
+    zeros = torch._foreach_mul(wide, 0.0)
+    flags = torch.stack(torch._foreach_norm(zeros, 1)).isnan()
     torch._foreach_mul_(wide, inv)
     if wide is not gs:
         torch._foreach_copy_(gs, wide)
-    return order, flags
-
-
-def nonfinite_flags(tensors: list) -> tuple[list[int], torch.Tensor]:
-    """(order, flags): ``flags[k]`` is True when ``tensors[order[k]]`` has an
-    inf/NaN. One reduction per element count, over the tensors of that count
-    stacked as rows: a model repeats its shapes (RegNetY-400MF's 225
-    gradients have 31 counts), and the step graph compiled 1.1 s faster than
-    with a reduction per gradient (docs/benchmarks.md, #53)."""
-    rows: dict = defaultdict(list)
-    for i, t in enumerate(tensors):
-        rows[t.numel()].append(i)
-    order, sums = [], []
-    for idx in rows.values():
-        block = torch.stack([tensors[i].reshape(-1) for i in idx])
-        sums.append((block * 0).sum(dim=1))
-        order += idx
-    return order, torch.cat(sums).isnan()
+    return flags
 
 
 @dataclasses.dataclass
@@ -107,8 +88,9 @@ class OverflowFlags:
 
 def names(optimizer, flags: list) -> list[str]:
     """Read the flags (one transfer per device) and name the parameters set,
-    in the optimizer's order: the name from the param group's "param_names"
-    (optimizers built from named_parameters()), else "group g, index i"."""
+    in the optimizer's order (the flags come per dtype): the name from the
+    param group's "param_names" (optimizers built from named_parameters()),
+    else "group g, index i"."""
     bad = sorted(pos for positions, device_flags in flags
                  for pos, flag in zip(positions, device_flags.cpu().tolist()) if flag)
     out = []
