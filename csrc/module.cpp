@@ -46,6 +46,10 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("names"), py::arg("engine") = 0,
   "Registers the autocast kernel for op overloads; returns (slots, replaced).");
 
+  m.def("set_lower_precision_impl", &xla_amp::set_lower_precision_impl, py::arg("op"),
+        py::arg("impl"),
+        "`impl` (same schema) computes `op` where a kernel casts it to float16/bfloat16.");
+
   m.def("registered_ops", [](int engine) {
     return xla_amp::registered_ops(engine_from_code(engine));
   }, py::arg("engine") = 0);

@@ -38,7 +38,7 @@ import weakref
 
 import torch
 
-from xla_amp import _engines
+from xla_amp import _attention, _engines
 
 TORCH_XLA = _engines.available("torch_xla")
 if TORCH_XLA:  # torch 2.9 + torch_xla: _C loads (xla_amp/__init__ checked its build)
@@ -106,6 +106,8 @@ def _bind(c) -> None:
     global _C, push_compiled, pop, policy_depth, enter_region, exit_region, active_policy
     global collect_grads, Recorder, set_recorder, push_module, pop_module
     _C = c
+    _attention.register()
+    c.set_lower_precision_impl(_attention.OP, _attention.IMPL)
     _CATEGORY_CODE.update({name: code for code, name in enumerate(c.categories())})
     assert set(CATEGORIES) | set(ADAPTATIONS) <= set(_CATEGORY_CODE), \
         "csrc/autocast/cast_category.h and policies/_policy.py disagree"

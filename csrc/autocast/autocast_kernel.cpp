@@ -6,6 +6,7 @@
 #include "cast_category.h"
 #include "policy_table.h"
 #include "recorder.h"
+#include "registration.h"
 
 namespace xla_amp {
 namespace {
@@ -214,6 +215,7 @@ const AutocastKernel::SchemaInfo& AutocastKernel::schema_info(
     for (size_t i = 0; i < args.size(); ++i) {
       if (args[i].name() == "dtype") info.dtype_arg = static_cast<int>(i);
     }
+    info.lower_impl = lower_precision_impl(qualified_name(op));
     info_ = info;
     info_ready_.store(true, std::memory_order_release);
   }
@@ -274,16 +276,17 @@ AutocastKernel::Applied AutocastKernel::run(const c10::OperatorHandle& op,
     return {};
   }
   Applied applied{category};
+  at::ScalarType to = at::ScalarType::Undefined;  // the dtype of a plain cast
 
   switch (category) {
     case CastCategory::kLowerPrecisionFp:
-      cast_all(at::autocast::get_autocast_dtype(device_), stack, first, nargs, device_);
+      to = at::autocast::get_autocast_dtype(device_);
       break;
     case CastCategory::kFp32:
-      cast_all(at::kFloat, stack, first, nargs, device_);
+      to = at::kFloat;
       break;
     case CastCategory::kPromote:
-      cast_all(widest_type(*stack, first, nargs, device_), stack, first, nargs, device_);
+      to = widest_type(*stack, first, nargs, device_);
       break;
     case CastCategory::kFp32SetOptDtype:
       if (info.dtype_arg >= 0 && nargs > 0 && eligible((*stack)[first], device_)) {
@@ -306,6 +309,13 @@ AutocastKernel::Applied AutocastKernel::run(const c10::OperatorHandle& op,
     }
     default:
       break;
+  }
+  if (to != at::ScalarType::Undefined) {
+    cast_all(to, stack, first, nargs, device_);
+    if (info.lower_impl && (to == at::kHalf || to == at::kBFloat16)) {
+      info.lower_impl->callBoxed(stack);
+      return applied;
+    }
   }
   op.callBoxed(stack);
   return applied;

@@ -6,6 +6,7 @@
 #include <ATen/core/stack.h>
 
 #include <atomic>
+#include <optional>
 
 #include "cast_category.h"
 #include "engine_key.h"
@@ -25,11 +26,14 @@ inline const c10::DispatchKeySet kDecomposition({c10::DispatchKey::AutogradCPU,
 //
 //   category = active_policy.category(slot)
 //   if op mutates an argument (in-place, out=) or dtype= was given: no cast
-//   lower_precision_fp: floating XLA inputs -> autocast dtype (weights cached)
+//   lower_precision_fp: floating XLA inputs -> autocast dtype (weights cached);
+//                       an op with a lower-precision implementation
+//                       (scaled_dot_product_attention) runs that instead
 //   fp32:               floating XLA inputs -> float32
 //   fp32_set_opt_dtype: first input eligible -> set dtype=float32
 //   fp32_append_dtype:  first input eligible -> call the dtype overload with float32
-//   promote:            floating XLA inputs -> widest of (autocast dtype, inputs)
+//   promote:            floating XLA inputs -> widest of (autocast dtype, inputs);
+//                       the lower-precision implementation where that is low
 //   banned:             raise the policy's explanation
 //   fp32_compute:       floating inputs of one dtype -> as none; a lower-
 //                       precision input with float32 parameters -> input to
@@ -68,6 +72,9 @@ class AutocastKernel final : public c10::OperatorKernel {
   struct SchemaInfo {
     bool mutates = false;  // in-place or out= overload: never autocast
     int dtype_arg = -1;    // index of an argument named "dtype", or -1
+    // what computes the op once cast to a low dtype, if not the op itself
+    // (registration.h: set_lower_precision_impl)
+    std::optional<c10::OperatorHandle> lower_impl;
   };
   const SchemaInfo& schema_info(const c10::OperatorHandle& op);
   // fp32_compute / promote_mixed; returns false if the inputs share one

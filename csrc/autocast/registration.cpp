@@ -40,6 +40,7 @@ struct Registry {
     std::vector<std::string> names;  // in registration order
     std::map<std::string, std::unique_ptr<torch::Library>> library_of_namespace;
   } engine[kEngineCount];
+  std::unordered_map<std::string, std::string> lower_impl;  // op -> impl
 };
 
 Registry& registry() {
@@ -92,6 +93,29 @@ std::vector<std::string> registered_ops(Engine engine) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   return r.engine[engine_index(engine)].names;
+}
+
+void set_lower_precision_impl(const std::string& op, const std::string& impl) {
+  const OpName name = parse_op_name(impl);
+  c10::Dispatcher::singleton().findSchemaOrThrow(name.qualified().c_str(),
+                                                 name.overload.c_str());
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.lower_impl[op] = impl;
+}
+
+std::optional<c10::OperatorHandle> lower_precision_impl(const std::string& op) {
+  Registry& r = registry();
+  std::string impl;
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    auto it = r.lower_impl.find(op);
+    if (it == r.lower_impl.end()) return std::nullopt;
+    impl = it->second;
+  }
+  const OpName name = parse_op_name(impl);
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name.qualified().c_str(),
+                                                        name.overload.c_str());
 }
 
 }  // namespace xla_amp

@@ -3,6 +3,7 @@ import pytest
 import torch
 import torch_xla
 
+from tests.support.attention_reference import reference
 from tests.support.op_cases import CASES, build, outputs
 from xla_amp import autocast, policies
 
@@ -19,7 +20,7 @@ def _check(op, device, input_dtype, target):
     with autocast(device, policy="tpu"):
         got = outputs(CASES[op].call(*floats, *extra))
     assert not torch.is_autocast_enabled("xla")
-    control = outputs(CASES[op].call(*[t.to(target) for t in floats], *extra))
+    control = outputs(CASES[op].control(target)(*[t.to(target) for t in floats], *extra))
     assert got, f"{op} produced no floating output"
     assert len(got) == len(control)
     for g, c in zip(got, control):
@@ -119,15 +120,14 @@ def test_hlo_cat_and_stack_promote(device, fn):
 def test_sdpa_takes_mixed_inputs_in_bfloat16(device):
     """pytorch/xla#7299's entry (commented out in torch_xla 2.9, where mixed
     inputs raise "same dtype"): q and k in float32 (Llama's rotary embedding
-    promotes them) with v in bfloat16 run in bfloat16, bit-equal to the manual
-    cast."""
+    promotes them) with v in bfloat16 run in bfloat16, bit-equal to the
+    hand-written bf16 attention (tests/support/attention_reference.py)."""
     q = torch.randn(2, 4, 8, 16).to(device)
     v = q.bfloat16()
     with autocast(device, policy="tpu"):
         out = torch.nn.functional.scaled_dot_product_attention(q, q, v, is_causal=True)
     assert out.dtype == torch.bfloat16
-    control = torch.nn.functional.scaled_dot_product_attention(q.bfloat16(), q.bfloat16(), v,
-                                                               is_causal=True)
+    control = reference(q, q, v, torch.bfloat16, is_causal=True)
     assert torch.equal(out.cpu(), control.cpu())
 
 

@@ -71,7 +71,7 @@ def _expected(report, per_op):
         if r["op"] in per_op:
             out[r["dtype"]] += per_op[r["op"]] * r["count"]
         if per_op is DOTS and r["op"] == "aten::scaled_dot_product_attention":
-            out["float32"] += 2 * r["count"]
+            out[r["dtype"]] += 2 * r["count"]  # its two matmuls, in the row's dtype
     return out
 
 

@@ -21,6 +21,7 @@ import torch
 
 from xla_amp import policies
 from xla_amp.policies import _ops as ops
+from xla_amp._attention import lower_precision_impl
 
 from tests.support.argument_cases import OPERATORS, RULELESS, UNREPEATABLE
 from tests.support.conformance_cases import CASES
@@ -280,6 +281,8 @@ def expected(category, name, callee, args, kwargs, low, device_type, run, below=
             if found - {low, torch.float32}:  # ATen's prioritize refuses a third dtype
                 raise RuntimeError(f"unexpected floating dtypes {found} under {low}")
             to = torch.float32 if torch.float32 in found else low
+        if to is not torch.float32:  # the op's computation in a low dtype, where not its own
+            callee = lower_precision_impl(op) or callee
         return callee(*[_cast(a, to, device_type) for a in args],
                   **{k: _cast(v, to, device_type) for k, v in kwargs.items()})
     first = args[0] if args else None

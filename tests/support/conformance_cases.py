@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tests.support.attention_reference import reference
 from tests.support.op_cases import CASES as TPU_CASES, Case
 from tests.support.recurrent_cases import CASES as RECURRENT_CASES
 
@@ -98,7 +99,8 @@ CASES.update({
     # (its fourth output is an uninitialised workspace)
     "aten::scaled_dot_product_attention": Case(
         lambda: [_r(1, 2, 3, 4), _r(1, 2, 3, 4), _r(1, 2, 3, 4)],
-        F.scaled_dot_product_attention),
+        F.scaled_dot_product_attention,
+        low_control=lambda q, k, v: reference(q, k, v, q.dtype)),
     "aten::_native_multi_head_attention": Case(
         lambda: [_r(1, 3, 4), _r(1, 3, 4), _r(1, 3, 4), _r(12, 4), _r(12), _r(4, 4), _r(4)],
         lambda q, k, v, wqkv, bqkv, wp, bp: aten._native_multi_head_attention(

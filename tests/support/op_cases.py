@@ -12,6 +12,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from tests.support.attention_reference import reference
+
 aten = torch.ops.aten
 
 
@@ -20,6 +22,14 @@ class Case:
     inputs: Callable[[], list]          # floating tensors autocast may cast
     call: Callable[..., object]         # call(*inputs) -> tensor or tuple
     extra: Callable[[], list] = lambda: []   # non-float args (indices, targets)
+    # the hand-written control where the inputs are cast to a low dtype, if
+    # not `call` on them (attention: tests/support/attention_reference.py)
+    low_control: Callable[..., object] | None = None
+
+    def control(self, dtype):
+        """What a hand cast to `dtype` is compared with: call(*cast inputs)."""
+        low = dtype in (torch.bfloat16, torch.float16) and self.low_control is not None
+        return self.low_control if low else self.call
 
 
 def _r(*shape):
@@ -59,7 +69,8 @@ CASES: dict[str, Case] = {
     "aten::einsum": Case(lambda: [_r(3, 4), _r(4, 5)], lambda a, b: torch.einsum("ij,jk->ik", a, b)),
     "aten::scaled_dot_product_attention": Case(
         lambda: [_r(2, 2, 4, 8), _r(2, 2, 4, 8), _r(2, 2, 4, 8)],
-        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        low_control=lambda q, k, v: reference(q, k, v, q.dtype, is_causal=True)),
     # float32 candidates -----------------------------------------------------
     "aten::batch_norm": Case(
         lambda: [_r(4, 3), torch.zeros(3), torch.ones(3), torch.rand(3), _r(3)],

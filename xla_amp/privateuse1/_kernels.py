@@ -16,7 +16,8 @@ the calling thread's active table (``_state``) at each call::
                         ATen's own call does (pass_through)
         otherwise, with AutocastPrivateUse1 excluded (nothing inside is cast again):
         in-place/out=, or an explicit dtype= given: call as is
-        lower_precision_fp  eligible tensors -> the region's dtype
+        lower_precision_fp  eligible tensors -> the region's dtype; SDPA then
+                            computes in it (xla_amp/_attention.py)
         fp32                eligible tensors -> float32
         promote             eligible tensors -> the widest eligible dtype,
                             starting from the region's (ATen's prioritize)
@@ -35,6 +36,8 @@ from __future__ import annotations
 import threading
 
 import torch
+
+from xla_amp import _attention
 
 _KEY = torch._C.DispatchKey.AutocastPrivateUse1
 _EXCLUDED = torch._C.DispatchKeySet(_KEY)
@@ -136,7 +139,7 @@ def widest(args, kwargs, lower: torch.dtype, device_type: str) -> torch.dtype:
 class Rule:
     """How one overload is cast under one policy (a row of a Table)."""
     __slots__ = ("category", "op", "dtype_index", "mutates", "target", "reason", "policy",
-                 "simple", "call", "to")
+                 "simple", "call", "to", "low")
 
     def __init__(self, category, op, *, target=None, reason="", policy=""):
         self.category = category
@@ -148,9 +151,12 @@ class Rule:
         self.target = target
         self.reason = reason
         self.policy = policy
+        # what computes the op once cast to a low dtype, if not the op itself
+        self.low = _attention.lower_precision_impl(op)
         # the common case, taken first: a plain cast of every argument
         self.simple = (category in ("lower_precision_fp", "fp32") and not self.mutates
-                       and self.dtype_index < 0)
+                       and self.dtype_index < 0
+                       and (self.low is None or category == "fp32"))
         self.call = op._op  # the dispatcher's callable, without OpOverload's frame
         self.to = torch.float32 if category == "fp32" else None  # None: the region's dtype
 
@@ -174,14 +180,15 @@ class Rule:
         if self.mutates or self.explicit_dtype(args, kwargs):
             return op(*args, **kwargs)
         device_type = _device_type()
-        if category == "lower_precision_fp":
-            args, kwargs = _cast_all(args, kwargs, torch.get_autocast_dtype(device_type),
-                                     device_type)
-        elif category == "fp32":
-            args, kwargs = _cast_all(args, kwargs, torch.float32, device_type)
-        elif category == "promote":
-            to = widest(args, kwargs, torch.get_autocast_dtype(device_type), device_type)
+        if category in ("lower_precision_fp", "fp32", "promote"):
+            to = torch.get_autocast_dtype(device_type)
+            if category == "fp32":
+                to = torch.float32
+            elif category == "promote":
+                to = widest(args, kwargs, to, device_type)
             args, kwargs = _cast_all(args, kwargs, to, device_type)
+            if self.low is not None and to is not torch.float32:
+                return self.low(*args, **kwargs)
         elif category == "fp32_set_opt_dtype":
             if args and _eligible(args[0], device_type) and self.dtype_index >= 0:
                 if self.dtype_index < len(args):

@@ -31,7 +31,10 @@ Algorithm::
                         with autocast suspended; else run as is
                 else -> cast the inputs (_rules.apply), run with autocast
                         suspended; a Python-level function torchax does not
-                        lower runs its PyTorch decomposition on the cast inputs
+                        lower runs its PyTorch decomposition on the cast inputs;
+                        SDPA cast to a low dtype runs the fused kernel where
+                        the region asks for it, else xla_amp/_attention.py,
+                        as the other engines do
             an op whose (cast) inputs include float32 runs under
                 jax.default_matmul_precision(the region's fp32 matmul
                 precision) unless that is "default": its dots and
@@ -48,6 +51,7 @@ import threading
 import jax
 import torch
 
+from xla_amp import _attention as region_attention
 from xla_amp import policies
 from xla_amp.policies import _matmul_precision as matmul_precision
 from xla_amp.policies._policy import Policy
@@ -157,6 +161,8 @@ def _cast_and_run(rules, category, dtype, original, func, types, args, kwargs):
     plan = _rules.apply(rules, category, func, args, kwargs, dtype)
     if plan is not None:
         func, args, kwargs = plan
+    if func in _attention.SDPA and category in (_LOW, "promote") and _low_query(args, kwargs):
+        return _sdpa(original, func, args, kwargs)
     if category == _LOW and _rules.is_attention(func):
         category = _LOW_ATTENTION  # its softmax in float32, as PyTorch's attention kernels
     with _suspended(category), _precision(current(), args, kwargs):
@@ -164,6 +170,23 @@ def _cast_and_run(rules, category, dtype, original, func, types, args, kwargs):
             if category == _LOW_ATTENTION else None
         return _run(original, func, types, args, kwargs) if out is None else out
 
+
+
+def _low_query(args, kwargs) -> bool:
+    query = args[0] if args else kwargs.get("query")
+    return isinstance(query, torch.Tensor) and query.dtype in region_attention.LOW
+
+
+def _sdpa(original, func, args, kwargs):
+    """SDPA cast to a low dtype: the fused kernel where the region asks for
+    it (_attention.py), else the computation every engine runs there
+    (xla_amp/_attention.py), which picks each op's dtype itself."""
+    with _suspended(_LOW_ATTENTION):
+        out = _attention.run(current(), original, func, args, kwargs)
+    if out is not None:
+        return out
+    with _suspended():
+        return region_attention.attention(*args, **kwargs)
 
 
 def _run(original, func, types, args, kwargs):
