@@ -8,7 +8,7 @@ with what the override asks for.
 
 The sample: entries of the five policy files whose conformance case
 follows its inputs' dtype in plain PyTorch (bf16 in, bf16 out; f32 in, f32
-out), MAX_OPS spread over their sorted list, log_softmax among them. Inputs per category as in
+out), MAX_OPS spread over their sorted list, ALWAYS's among them. Inputs per category as in
 tests/support/dtype_parity.input_dtypes (low precision: float32 inputs;
 fp32: bfloat16 ones; promote: one bfloat16 among float32). Base policy: tpu
 (bfloat16). (Removing an op is not compared: with no rule, the ops inside
@@ -29,6 +29,9 @@ from tests.support.dtype_parity import SKIP, cases_for, input_dtypes
 
 TARGETS = ("lower_precision_fp", "fp32", "promote")
 MAX_OPS = 60
+# always in the sample: issue #52's case, and attention (its low-dtype
+# computation is xla_amp's own, xla_amp/_attention.py, on every engine)
+ALWAYS = ("aten::log_softmax", "aten::scaled_dot_product_attention")
 LOW = torch.bfloat16
 
 
@@ -54,8 +57,8 @@ def _follows_inputs(key) -> bool:
 @functools.cache
 def sample() -> list[tuple[str, str, str]]:
     """(entry, its category in the tpu policy or None, case key): MAX_OPS of
-    the eligible entries spread evenly over their sorted list, log_softmax
-    (issue #52's case) always among them."""
+    the eligible entries spread evenly over their sorted list, ALWAYS among
+    them."""
     tpu = policies.get("tpu")
     entries = sorted({e for name in policies.builtin_names()
                       for e, c in policies.get(name).categories.items()
@@ -70,7 +73,8 @@ def sample() -> list[tuple[str, str, str]]:
             eligible.append((entry, tpu.categories.get(entry), keys[0]))
     stride = max(1, -(-len(eligible) // MAX_OPS))
     chosen = eligible[::stride]
-    chosen += [row for row in eligible if row[0] == "aten::log_softmax" and row not in chosen]
+    chosen += [row for row in eligible if row[0] in ALWAYS and row not in chosen]
+    assert {row[0] for row in chosen} >= set(ALWAYS), "an op the sweep must hold is not eligible"
     return chosen
 
 

@@ -7,6 +7,8 @@ and a trained LM's losses equal torchax's own lowering's; everything else
 keeps torchax's lowering; a bad value is refused by name."""
 from __future__ import annotations
 
+import re
+
 import jax
 import numpy as np
 import optax
@@ -120,3 +122,81 @@ def test_a_trained_lm_takes_it_forward_and_backward(calls):
     assert len(calls) == 2
     np.testing.assert_allclose(fused, plain, rtol=2e-3)
     assert fused[2] < fused[0]
+
+
+# -- attention in the region's dtype: the computation every engine runs ----
+
+def _lowered(policy, fused=False, **kw):
+    """StableHLO of SDPA's forward and backward under `policy`, float32 inputs."""
+    torch.manual_seed(0)
+    q, k, v = helpers_torchax.to_jax([torch.randn(2, 4, 16, 8) for _ in range(3)])
+
+    def loss(a, b, c):
+        with helpers_torchax.ENV:
+            ta, tb, tc = helpers_torchax.ENV.j2t_iso((a, b, c))
+            with xt.autocast("jax", policy=policy, fused_attention=fused):
+                out = F.scaled_dot_product_attention(ta, tb, tc, **kw)
+            return helpers_torchax.ENV.t2j_iso(out).astype(np.float32).sum()
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q.jax(), k.jax(), v.jax()).as_text()
+
+
+def _dot_types(text):
+    elem = r"tensor<(?:[0-9?]+x)*(\w+)>"
+    return re.findall(rf"stablehlo\.dot_general[^\n]*?: \({elem}, {elem}\) -> {elem}", text)
+
+
+@pytest.mark.parametrize("policy,low", [("tpu", "bf16"), ("cuda", "f16")])
+@pytest.mark.parametrize("kw", [{"is_causal": True}, {"scale": -0.2}], ids=["causal", "scale"])
+def test_every_dot_in_the_regions_dtype_through_the_shared_computation(monkeypatch, policy,
+                                                                       low, kw):
+    """xla_amp/_attention.py, the one the native and Python kernels call,
+    runs here too: forward and backward dots in the region's dtype, the
+    softmax's exponentials in float32."""
+    from xla_amp import _attention as shared
+    calls, real = [], shared.attention
+    monkeypatch.setattr(shared, "attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    text = _lowered(policy, **kw)
+    assert calls == [1]
+    dots = _dot_types(text)
+    assert len(dots) >= 5 and set(dots) == {(low, low, low)}, dots
+    exps = re.findall(r"stablehlo\.exponential[^\n]*?tensor<(?:[0-9?]+x)*(\w+)>", text)
+    assert set(exps) == {"f32"}, exps
+
+
+def test_an_fp32_rule_gets_float32_dots():
+    rules = policies.get("tpu").with_overrides(
+        name="tpu-sdpa-fp32", fp32=["aten::scaled_dot_product_attention"])
+    dots = _dot_types(_lowered(rules, is_causal=True))
+    assert dots and set(dots) == {("f32", "f32", "f32")}, dots
+
+
+@pytest.mark.parametrize("form", ["causal", "bool_mask", "additive_mask", "gqa"])
+def test_values_equal_the_hand_written_control(form):
+    """Against tests/support/attention_reference.py run on torchax too, no
+    region (the same backend: bit for bit, or one bf16 ulp where XLA fuses
+    otherwise)."""
+    from tests.support.attention_reference import reference
+    torch.manual_seed(0)
+    heads_kv = 2 if form == "gqa" else 4
+    cpu = [torch.randn(2, 4, 16, 8), torch.randn(2, heads_kv, 16, 8),
+           torch.randn(2, heads_kv, 16, 8)]
+    kw, ref = {}, {}
+    if form == "causal":
+        kw = ref = {"is_causal": True}
+    elif form == "gqa":
+        kw, ref = {"enable_gqa": True}, {"gqa": True}
+    else:
+        mask = torch.rand(16, 16) > 0.3 if form == "bool_mask" else torch.randn(16, 16)
+        if form == "bool_mask":
+            mask[:, 0] = True
+        mask = helpers_torchax.to_jax([mask])[0]
+        kw, ref = {"attn_mask": mask}, {"mask": mask}
+    q, k, v = helpers_torchax.to_jax(cpu)
+    with helpers_torchax.ENV:
+        with xt.autocast("jax", policy="tpu"):
+            out = F.scaled_dot_product_attention(q, k, v, **kw)
+        want = reference(q, k, v, torch.bfloat16, **ref)
+    assert out.dtype == want.dtype == torch.bfloat16
+    got, want = (torch.from_numpy(np.asarray(t.jax().astype(np.float32))) for t in (out, want))
+    ulp = torch.finfo(torch.bfloat16).eps * want.abs().clamp_min(2 ** -20)
+    assert ((got - want).abs() <= ulp).all(), (got - want).abs().max()
