@@ -38,7 +38,8 @@ import weakref
 
 import torch
 
-from xla_amp import _attention, _engines
+from xla_amp import _engines
+from xla_amp.policies import _attention
 
 TORCH_XLA = _engines.available("torch_xla")
 if TORCH_XLA:  # torch 2.9 + torch_xla: _C loads (xla_amp/__init__ checked its build)

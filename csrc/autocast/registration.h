@@ -30,7 +30,7 @@ std::vector<std::string> registered_ops(Engine engine);
 // `impl` ("ns::op", the same schema as `op`) computes `op` where a kernel
 // casts it to a low dtype (float16/bfloat16): scaled_dot_product_attention,
 // whose math path would convert its cast inputs back to float32
-// (xla_amp/_attention.py). Shared by the engines; set before the op's first
+// (xla_amp/policies/_attention.py). Shared by the engines; set before the op's first
 // call (a kernel reads it once).
 void set_lower_precision_impl(const std::string& op, const std::string& impl);
 

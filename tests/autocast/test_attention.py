@@ -1,5 +1,5 @@
 """scaled_dot_product_attention under a policy that casts it (tpu, cuda):
-computed in the region's dtype (xla_amp/_attention.py), not in the float32
+computed in the region's dtype (xla_amp/policies/_attention.py), not in the float32
 PyTorch's math path converts low inputs back to. On the lowered program:
 every dot of the forward and backward in the region's dtype, the softmax's
 exponentials in float32; values bit-equal to the hand-written control
@@ -263,3 +263,10 @@ def test_compiled_attention_gives_eagers_values(device):
     assert compiled.dtype == eager.dtype == torch.bfloat16
     assert torch.equal(compiled.cpu(), eager.cpu())
     assert torch.equal(eager.cpu(), reference(q, k, v, torch.bfloat16, is_causal=True).cpu())
+
+
+def test_a_policy_file_listing_attention_twice_is_refused_with_file_and_line(tmp_path):
+    from tests.support.policy_files import write_policy
+    f = write_policy(tmp_path, f'[lower_precision_fp]\n"{SDPA}" = "x"\n[fp32]\n"{SDPA}" = "y"\n')
+    with pytest.raises(ValueError, match=rf"{re.escape(str(f))}:5: {SDPA} is in two categories"):
+        policies.load(f)

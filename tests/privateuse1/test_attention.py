@@ -3,7 +3,7 @@
 the matmuls the device runs are in the region's dtype, forward and (with
 the stand-in's autograd, torch 2.11+) backward, the softmax in float32, the
 output bit-equal to the hand-written control, as on torch_xla
-(tests/autocast/test_attention.py): the same xla_amp/_attention.py."""
+(tests/autocast/test_attention.py): the same xla_amp/policies/_attention.py."""
 import json
 import subprocess
 import sys

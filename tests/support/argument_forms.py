@@ -21,7 +21,7 @@ import torch
 
 from xla_amp import policies
 from xla_amp.policies import _ops as ops
-from xla_amp._attention import lower_precision_impl
+from xla_amp.policies._attention import lower_precision_impl
 
 from tests.support.argument_cases import OPERATORS, RULELESS, UNREPEATABLE
 from tests.support.conformance_cases import CASES

@@ -1,6 +1,6 @@
 """Attention in a low dtype, written out by hand: the control the engines'
 scaled_dot_product_attention is compared with under a policy that casts it
-(bf16/fp16 matmuls, a float32 softmax; xla_amp/_attention.py's docstring
+(bf16/fp16 matmuls, a float32 softmax; xla_amp/policies/_attention.py's docstring
 states the rule). Plain tensors in, no autocast: call it outside any region.
 
     reference(q, k, v, low, mask=None, is_causal=False, scale=None, gqa=False)

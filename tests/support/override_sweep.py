@@ -30,7 +30,7 @@ from tests.support.dtype_parity import SKIP, cases_for, input_dtypes
 TARGETS = ("lower_precision_fp", "fp32", "promote")
 MAX_OPS = 60
 # always in the sample: issue #52's case, and attention (its low-dtype
-# computation is xla_amp's own, xla_amp/_attention.py, on every engine)
+# computation is xla_amp's own, xla_amp/policies/_attention.py, on every engine)
 ALWAYS = ("aten::log_softmax", "aten::scaled_dot_product_attention")
 LOW = torch.bfloat16
 

@@ -6,7 +6,7 @@ and on torchax; every engine must give the dtype the override asks for
 lower_precision_fp=["aten::log_softmax"] (its attention-softmax rule caught
 every softmax inside a low op); scaled_dot_product_attention is always in
 the sample (float32 on torchax, bfloat16 on torch_xla under an override
-before all three ran xla_amp/_attention.py). One process per engine, side by
+before all three ran xla_amp/policies/_attention.py). One process per engine, side by
 side."""
 import json
 import os

@@ -149,10 +149,10 @@ def _dot_types(text):
 @pytest.mark.parametrize("kw", [{"is_causal": True}, {"scale": -0.2}], ids=["causal", "scale"])
 def test_every_dot_in_the_regions_dtype_through_the_shared_computation(monkeypatch, policy,
                                                                        low, kw):
-    """xla_amp/_attention.py, the one the native and Python kernels call,
+    """xla_amp/policies/_attention.py, the one the native and Python kernels call,
     runs here too: forward and backward dots in the region's dtype, the
     softmax's exponentials in float32."""
-    from xla_amp import _attention as shared
+    from xla_amp.policies import _attention as shared
     calls, real = [], shared.attention
     monkeypatch.setattr(shared, "attention", lambda *a, **k: calls.append(1) or real(*a, **k))
     text = _lowered(policy, **kw)

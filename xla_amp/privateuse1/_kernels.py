@@ -17,7 +17,7 @@ the calling thread's active table (``_state``) at each call::
         otherwise, with AutocastPrivateUse1 excluded (nothing inside is cast again):
         in-place/out=, or an explicit dtype= given: call as is
         lower_precision_fp  eligible tensors -> the region's dtype; SDPA then
-                            computes in it (xla_amp/_attention.py)
+                            computes in it (xla_amp/policies/_attention.py)
         fp32                eligible tensors -> float32
         promote             eligible tensors -> the widest eligible dtype,
                             starting from the region's (ATen's prioritize)
@@ -37,7 +37,7 @@ import threading
 
 import torch
 
-from xla_amp import _attention
+from xla_amp.policies import _attention
 
 _KEY = torch._C.DispatchKey.AutocastPrivateUse1
 _EXCLUDED = torch._C.DispatchKeySet(_KEY)

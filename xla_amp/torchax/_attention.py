@@ -30,10 +30,12 @@ import jax.numpy as jnp
 import torch
 import torch.nn.functional as F
 
+from xla_amp.policies import _attention as shared
 from xla_amp.torchax import _hook
 
 LOW = (jnp.float16, jnp.bfloat16)
 CUDNN = ("gpu", "cuda")  # JAX's names for an NVIDIA backend
+CATEGORY = "lower_precision_fp attention"  # what the region runs inside, as a category
 SDPA = (F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default)
 _NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
@@ -41,6 +43,25 @@ _NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale
 def default(backend: str) -> bool:
     """Whether a region on JAX `backend` fuses attention unless told."""
     return backend in CUDNN
+
+
+def low(args, kwargs) -> bool:
+    """Whether a call of one of SDPA has float16/bfloat16 queries."""
+    query = args[0] if args else (kwargs or {}).get("query")
+    return isinstance(query, torch.Tensor) and query.dtype in (torch.float16, torch.bfloat16)
+
+
+def low_call(top, original, func, args, kwargs, suspended):
+    """A call of one of SDPA cast to a low dtype in region `top`: `fused`
+    where the region asks for it, else the computation every engine runs
+    there (xla_amp/policies/_attention.py), which picks each op's dtype itself
+    (`suspended`: the region's context that keeps autocast off inside)."""
+    with suspended(CATEGORY):
+        out = run(top, original, func, args, kwargs)
+    if out is not None:
+        return out
+    with suspended():
+        return shared.attention(*args, **kwargs)
 
 
 def check(value, where: str) -> None:

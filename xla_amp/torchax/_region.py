@@ -17,10 +17,9 @@ Algorithm::
     exit:   pop what enter pushed, also on exceptions
     op:     (every call torchax dispatches, Python-level and aten)
             no region open, autocast off -> run as is
-            inside a categorized op -> run as is, except inside a
-                lower_precision_fp op: its lower_precision_fp ops (a
-                decomposition's dot) in the region's dtype, a softmax in
-                float32
+            inside a categorized op -> run as is, except inside a low op:
+                its low ops (a decomposition's dot) in the region's dtype, a
+                softmax in float32 (low: lower_precision_fp)
             category of the op under the innermost region's rules:
                 none -> the policy's XLA adaptation, if any; else by the
                         path torchax takes (_paths.py): a Python body it does
@@ -31,14 +30,11 @@ Algorithm::
                         with autocast suspended; else run as is
                 else -> cast the inputs (_rules.apply), run with autocast
                         suspended; a Python-level function torchax does not
-                        lower runs its PyTorch decomposition on the cast inputs;
-                        SDPA cast to a low dtype runs the fused kernel where
-                        the region asks for it, else xla_amp/_attention.py,
-                        as the other engines do
+                        lower runs its PyTorch decomposition on the cast
+                        inputs (SDPA cast low: _attention.low_call)
             an op whose (cast) inputs include float32 runs under
-                jax.default_matmul_precision(the region's fp32 matmul
-                precision) unless that is "default": its dots and
-                convolutions carry it in the lowered program (precision=...)
+                jax.default_matmul_precision(the region's fp32 matmul precision)
+                unless "default": its dots and convolutions carry it (precision=)
 
 The policy acts while JAX traces: a jitted step holds only the converts the
 policy asked for, and the compiled program carries no autocast cost.
@@ -51,7 +47,6 @@ import threading
 import jax
 import torch
 
-from xla_amp import _attention as region_attention
 from xla_amp import policies
 from xla_amp.policies import _matmul_precision as matmul_precision
 from xla_amp.policies._policy import Policy
@@ -161,32 +156,14 @@ def _cast_and_run(rules, category, dtype, original, func, types, args, kwargs):
     plan = _rules.apply(rules, category, func, args, kwargs, dtype)
     if plan is not None:
         func, args, kwargs = plan
-    if func in _attention.SDPA and category in (_LOW, "promote") and _low_query(args, kwargs):
-        return _sdpa(original, func, args, kwargs)
+    if func in _attention.SDPA and category in (_LOW, "promote") and _attention.low(args, kwargs):
+        return _attention.low_call(current(), original, func, args, kwargs, _suspended)
     if category == _LOW and _rules.is_attention(func):
         category = _LOW_ATTENTION  # its softmax in float32, as PyTorch's attention kernels
     with _suspended(category), _precision(current(), args, kwargs):
         out = _attention.run(current(), original, func, args, kwargs) \
             if category == _LOW_ATTENTION else None
         return _run(original, func, types, args, kwargs) if out is None else out
-
-
-
-def _low_query(args, kwargs) -> bool:
-    query = args[0] if args else kwargs.get("query")
-    return isinstance(query, torch.Tensor) and query.dtype in region_attention.LOW
-
-
-def _sdpa(original, func, args, kwargs):
-    """SDPA cast to a low dtype: the fused kernel where the region asks for
-    it (_attention.py), else the computation every engine runs there
-    (xla_amp/_attention.py), which picks each op's dtype itself."""
-    with _suspended(_LOW_ATTENTION):
-        out = _attention.run(current(), original, func, args, kwargs)
-    if out is not None:
-        return out
-    with _suspended():
-        return region_attention.attention(*args, **kwargs)
 
 
 def _run(original, func, types, args, kwargs):
@@ -200,7 +177,7 @@ def _run(original, func, types, args, kwargs):
 
 
 _LOW = "lower_precision_fp"
-_LOW_ATTENTION = "lower_precision_fp attention"
+_LOW_ATTENTION = _attention.CATEGORY
 
 
 def _inner(rules, dtype, original, func, types, args, kwargs):
