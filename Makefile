@@ -76,7 +76,7 @@ beside = mkdir -p build; $(1) > build/$(2) 2>&1 & bg=$$!; $(3); rc=$$?; \
 # Two runs: torchax renames PrivateUse1 "jax" for its whole process, the
 # stand-in device names it "tpu". They run side by side (the torchax one,
 # one process, ~30 s, mostly one test, beside the other's two workers; its
-# output after the other's): 79 -> 64 s of tests (#53).
+# output after the other's): 64 s of tests, against 79 s one after the other.
 CUR_PYTEST = TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(CUR_PY) -m pytest -q --durations=10
 current: xla_amp/.built-current
 	@$(call beside,$(CUR_PYTEST) -m "core and torchax" tests/torchax,current-torchax.log,\
@@ -88,8 +88,8 @@ dev: $(DEV_STAMP)
 # Both venvs and both builds of the extension, .ci/run's first step: `make
 # build dev`, with the current profile's venv and extension (above) built
 # beside it. pip unpacks and byte-compiles one file at a time, on one core,
-# so two installs side by side share the two cores instead of taking turns
-# (#53). The current profile's output follows .venv's.
+# so two installs side by side share the two cores instead of taking turns.
+# The current profile's output follows .venv's.
 venvs:
 	@$(call beside,$(MAKE) --no-print-directory xla_amp/.built-current,venv-current.log,\
 	  $(MAKE) --no-print-directory build dev,.venv-current and its extension)
@@ -147,9 +147,9 @@ wheel: $(STAMP)
 # The suite: tests/<folder>/ mirrors xla_amp/'s subpackages; each target
 # below `make test` is a marker (tests/conftest.py marks the folders that are
 # wholly one target: tests/zoo, tests/torchax). Budgets are wall-clock on the
-# slower 2-core host seen (no AVX-512); .ci/run prints each target's time
+# slower 2-core CI host (no AVX-512); .ci/run prints each target's time
 # beside its budget. --durations prints the slowest tests. In-process graphs
-# compile at XLA's backend optimisation 0 (tests/conftest.py, #53).
+# compile at XLA's backend optimisation 0 (tests/conftest.py).
 # A worker that dies ends the run (--max-worker-restart=0): with a restarted
 # worker, xdist 3.8's scope scheduler re-queues the dead one's finished files
 # and the run hangs (pinned in tests/suite/test_suite_scheduling.py). What
@@ -173,7 +173,7 @@ test: build dev
 # Each target below collects only where its marker's tests are: its folder
 # (tests/conftest.py, TARGET_FOLDERS) and the files of the layout test's
 # ELSEWHERE that carry the marker (tests/suite/test_layout_of_tests.py checks
-# both sides). Collecting the whole tree cost each worker ~6 s (#53).
+# both sides). Collecting the whole tree costs each worker ~6 s.
 
 # xla_amp inside Lightning (Trainer, Fabric), Accelerate and the Transformers
 # Trainer: the frameworks' own loops on XLA:CPU (tests/integrations).
@@ -196,7 +196,8 @@ sharded: build dev
 # cores: the signals go at seeded moments of the run's own CPU time, which
 # another process on the cores does not move (tests/support/faults.py,
 # Running.wait_cpu), and a third worker fills the time the others wait on
-# their processes (4:25-4:27 -> 3:34-4:18 interleaved, #53 twenty-sixth session).
+# their processes (3:34-4:18 against 4:25-4:27 on two workers;
+# docs/benchmarks.md, "Test suite").
 FAULTS_WORKERS ?= 3
 faults: TEST_WORKERS = $(FAULTS_WORKERS)
 faults: build dev

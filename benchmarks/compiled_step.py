@@ -8,7 +8,7 @@ xla_amp.autocast (tpu rules, bf16) + xla_amp.GradScaler + xla_amp.syncfree
 device-side inf (an overflow the scaler must skip) and an ExponentialLR
 scheduler changes the learning rate every step. Three paths, side by side:
 
-  lazy      today's path: everything traced lazily, one graph per step
+  lazy      the default path: everything traced lazily, one graph per step
   compiled  forward + loss in torch.compile; backward, scaler and optimizer
             lazily after it (the pattern docs/compiled.md recommends)
   whole     the whole step (zero_grad, forward, loss, backward, unscale,

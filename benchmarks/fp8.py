@@ -1,13 +1,13 @@
-"""fp8 against bf16 AMP per training step on XLA (issue #37), side by side.
+"""fp8 against bf16 AMP per training step on XLA, side by side.
 
     PJRT_DEVICE=CPU .venv/bin/python benchmarks/fp8.py [--model lm|mlp] [--rounds 10]
-    python benchmarks/fp8.py --gpu [--out DIR] ...   the GPU benchmark of issue #50
+    python benchmarks/fp8.py --gpu [--out DIR] ...   the GPU benchmark
                                                      (benchmarks/fp8_gpu.py)
 
 Models: ``lm`` a GPT-2-shaped LM (Transformers, 2 layers x 256, 4 heads,
 vocab 1024, seq 128, batch 8: its Conv1D layers and the tied head in fp8);
-``mlp`` a 4-layer MLP of width --width (default 1024; 4096 is the issue's
-GPU shape), batch 64. Variants, the same weights and batches:
+``mlp`` a 4-layer MLP of width --width (default 1024; 4096 is the GPU
+benchmark's), batch 64. Variants, the same weights and batches:
 
     bf16   xla_amp.autocast(policy="tpu") + GradScaler + syncfree.AdamW
     fp8    the same with xla_amp.fp8.convert (delayed scaling, attach)
@@ -30,8 +30,8 @@ import sys
 import time
 
 if __name__ == "__main__" and "--gpu" in sys.argv[1:]:
-    # run from the checkout's root as a module (on a lent GPU the checkout is
-    # not installed): benchmarks.fp8_gpu imports its siblings as benchmarks.*
+    # run from the checkout's root as a module (the checkout need not be
+    # installed): benchmarks.fp8_gpu imports its siblings as benchmarks.*
     os.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     os.execv(sys.executable, [sys.executable, "-m", "benchmarks.fp8_gpu",
                               *[a for a in sys.argv[1:] if a != "--gpu"]])

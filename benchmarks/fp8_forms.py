@@ -1,4 +1,4 @@
-"""Which form of a scaled fp8 GEMM XLA:GPU runs fastest (issue #50), on a lent GPU.
+"""Which form of a scaled fp8 GEMM XLA:GPU runs fastest, on an NVIDIA GPU.
 
     python -m benchmarks.fp8_forms [--out DIR] [--iters 101] [--smoke]
 
@@ -10,7 +10,7 @@ of the float32 result to bfloat16; a bfloat16 result comes only from the dot
 itself. Each form below is one jitted function of the layer's shapes that
 quantizes x (bf16) and w (f32) with runtime scales and returns bf16 y:
 
-  f32-out        xla_amp today: dot(x8, w8) -> f32, * (1/sx) * (1/sw), -> bf16
+  f32-out        xla_amp's form: dot(x8, w8) -> f32, * (1/sx) * (1/sw), -> bf16
   f32-out-1      the same with the two factors multiplied first: one multiply
   bf16-out       Fp8Recipe(gemm_output="bfloat16"): dot(x8, w8) -> bf16, then
                  f32(.) * (1/sx) * (1/sw) -> bf16: half the GEMM's bytes

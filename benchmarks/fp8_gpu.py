@@ -1,9 +1,9 @@
-"""fp8 against bf16 on a GPU (issue #50), one prepared command for a lent one.
+"""fp8 against bf16 on an NVIDIA GPU in one command (parts of benchmarks/gpu_suite.sh).
 
     python benchmarks/fp8.py --gpu [--out DIR] [--smoke] [--models mlp,gpt2]
     python -m benchmarks.fp8_gpu ...          (the same, from the checkout's root)
 
-Models (the issue's):
+Models:
   mlp    4 residual blocks of Linear(4096 -> 16384) -> GELU -> Linear(16384 ->
          4096) over 8192 tokens, MSE against a fixed random teacher
   gpt2   GPT-2 small (benchmarks/_gpt.py: 12 x 768, 12 heads, vocab 50257,
@@ -11,9 +11,9 @@ Models (the issue's):
 Variants, from the same weights on the same batches: ``bf16`` (policy tpu)
 and ``fp8`` (the same with xla_amp.fp8.convert, delayed scaling, as
 docs/fp8.md recommends: fast accumulation in the forward GEMM only);
-``fp8-fast-all`` (fast accumulation in all three GEMMs: the form of the first
-H100 run), ``fp8-fast-none`` and ``fp8-bf16-out`` (Fp8Recipe(gemm_output=
-"bfloat16"): GEMMs whose result goes to bf16 return bf16) on request
+``fp8-fast-all`` (fast accumulation in all three GEMMs), ``fp8-fast-none`` and
+``fp8-bf16-out`` (Fp8Recipe(gemm_output="bfloat16"): GEMMs whose result goes
+to bf16 return bf16) on request
 (--variants); ``-unpinned`` after an fp8 variant (``fp8-unpinned``) traces
 its step without the optimization barrier xla_amp.fp8 puts behind each amax
 by default (xla_amp.fp8._quant.pinned_amax: the same values; without it
@@ -23,8 +23,8 @@ transposed float8 operands of the gradient GEMMs to XLA instead of
 xla_amp.torchax's word transposes on a GPU (the same bits).
 Engines, where they run: ``torchax``
 (xla_amp.torchax.make_train_step, optax.adamw) always; ``torch_xla``
-(autocast + GradScaler + syncfree.AdamW) where torch_xla is installed: not on
-the lent GPU's image, so there it is reported as not run.
+(autocast + GradScaler + syncfree.AdamW) where torch_xla is installed; where it
+is not, that engine is reported as not run.
 
 Per (engine, model) one worker process builds both variants, compiles each
 step (timed), then trains --steps steps in --rounds interleaved rounds (the
@@ -40,11 +40,13 @@ rounds, the ratio the median of per-round ratios. It reports:
 --xla-flags adds to the workers' XLA_FLAGS (both variants alike).
 --probe first compiles one fp8 GEMM of the MLP's shape (runtime scales) with
 XLA's defaults and with Triton GEMMs off, and reports each compile's seconds
-(the first H100 run's fp8 step took 203 s to compile against bf16's 5 s).
+(with XLA's defaults the MLP's fp8 step took 203 s to compile on an H100,
+bf16's 5 s).
 Results: DIR/fp8_gpu.json and DIR/fp8_gpu.md (DIR: --out, else $OUT, else
-build/); each worker's progress goes to stderr as it happens. On the lent GPU: carry torchax's wheel, ``pip install --no-deps`` it,
-then run with the checkout's root as the current folder. --smoke: tiny
-shapes, a few steps (a check of the script itself on the CPU).
+build/); each worker's progress goes to stderr as it happens. Needs torchax
+(``pip install --no-deps`` its wheel); run it with the checkout's root as the
+current folder. --smoke: tiny shapes, a few steps (a check of the script itself
+on the CPU).
 """
 from __future__ import annotations
 
@@ -287,8 +289,8 @@ def main(argv=None) -> None:
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=9)
-    # 3e-5: where bf16 trains the MLP steadily; at 1e-4 its loss spikes (H200 run,
-    # docs/benchmarks.md), and a comparison measures where a spike falls
+    # 3e-5: where bf16 trains the MLP steadily; at 1e-4 its loss spikes (on an H200,
+    # docs/benchmarks.md, "fp8 on a GPU"), and a comparison measures where a spike falls
     ap.add_argument("--lr", type=float, default=3e-5)
     ap.add_argument("--variants", default="bf16,fp8", help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--xla-flags", default="", help="added to the workers' XLA_FLAGS")

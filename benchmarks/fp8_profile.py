@@ -1,4 +1,4 @@
-"""Where an fp8 step's time goes on a GPU (issue #50): kernels by name, per step.
+"""Where an fp8 step's time goes on a GPU: kernels by name, per step.
 
     python -m benchmarks.fp8_profile [--model mlp] [--variants bf16,fp8]
                                      [--steps 5] [--out DIR] [--smoke]
@@ -108,8 +108,8 @@ def buried_reductions(hlo: str) -> dict[str, list[str]]:
     fusion's result (nor its elementwise epilogue's) but an elemental
     producer of something else. E.g. the last stage of an amax inside delayed
     scaling's history concatenate, where one thread may reduce it serially
-    (the H100 profile; xla_amp.fp8._quant.pinned_amax, now the default, takes
-    them out: none on the H200, 2026-11-28)."""
+    (seen in an H100 profile; xla_amp.fp8._quant.pinned_amax, the default, takes
+    them out: none on an H200)."""
     from tests.support.fp8 import computations
     comps = computations(hlo)
     instrs = {n: i for _, body in comps.values() for n, i in body.items()}

@@ -1,4 +1,4 @@
-"""How fast XLA:GPU writes a tensor's float8 copy in both layouts (issue #50), on a lent GPU.
+"""How fast XLA:GPU writes a tensor's float8 copy in both layouts, on an NVIDIA GPU.
 
     python -m benchmarks.fp8_transpose [--out DIR] [--iters 101] [--rounds 5] [--smoke]
 
@@ -12,7 +12,7 @@ H200 these passes moved 1.5-2.2 TB/s where the step's reductions moved
 (bf16 or f32) and a runtime scale s that returns (q, qT), q = the float8
 e4m3 copy of t * s, qT its transpose:
 
-  fused          xla_amp today: (q, q.T); XLA fuses both into one pass
+  fused          xla_amp's form: (q, q.T); XLA fuses both into one pass
   split          q, then q behind an optimization barrier transposed: a
                  quantize pass at a reduction's bandwidth plus a transpose
                  of one byte per element
@@ -21,7 +21,7 @@ e4m3 copy of t * s, qT its transpose:
                  into [R/4, C, 4], read as uint32 [R/4, C], transposed, read
                  back as bytes)
   packed-fused   packed without the barrier (XLA fuses what it will): what
-                 xla_amp.torchax's fp8 dots do on a GPU since this measure
+                 xla_amp.torchax's fp8 dots do on a GPU
   one-layout     q alone: the quantize pass with no transposed copy
   transpose-f8   the transpose of a float8 tensor alone (split's second pass)
 

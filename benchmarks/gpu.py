@@ -1,4 +1,4 @@
-"""XLA:GPU as users meet it (issue #51): one prepared command for a lent GPU.
+"""XLA:GPU as users meet it: one command for an NVIDIA GPU (part gpu-lm of gpu_suite.sh).
 
     python benchmarks/gpu.py [--out DIR] [--steps 60] [--rounds 5] [--smoke]
                              [--flag-sets "A;B"]       (XLA_FLAGS sets to try)

@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
-# One prepared command for a lent GPU (issues #50 and #51), run from the
-# checkout's root with results under $OUT (default build/lent-gpu):
+# The GPU benchmarks of docs/fp8.md and docs/gpu.md in one command, under one
+# time budget, on any machine with an NVIDIA GPU and torch (CUDA build), jax
+# with its CUDA plugin (e.g. jax 0.11.2, jax-cuda13-plugin), torchax 0.0.13 and
+# expecttest (or their wheels, below); no torch_xla. From the checkout's root:
 #
-#   bash benchmarks/lent_gpu.sh            # BUDGET=560 seconds in all
-#   PARTS=fp8-mlp,gpu-lm bash benchmarks/lent_gpu.sh   # only those parts
-#   FLAG_SETS="A;B" ...                    # gpu-lm's XLA_FLAGS sets to try
+#   bash benchmarks/gpu_suite.sh                          # the default parts
+#   PARTS=fp8-mlp,gpu-lm bash benchmarks/gpu_suite.sh     # only those parts
+#   BUDGET=300 OUT=/tmp/gpu bash benchmarks/gpu_suite.sh  # 300 s in all, there
+#   FLAG_SETS="A;B" ...                     # gpu-lm's XLA_FLAGS sets to try
 #
-# Everything comes back as $OUT/parts.log, $OUT/host.txt and $OUT/results.tgz
-# (the parts' logs and result folders). Parts, most wanted first, each under
-# its own cap and what is left of the budget (a part that overruns is cut;
-# the next still runs; parts.log says what each took and its exit status).
+# PARTS: a comma-separated list of the parts below (default: the first six).
+# BUDGET: seconds for the whole run (default 560). Parts run in the order
+# below, each under its own cap and what is left of the budget: a part that
+# overruns is cut and the next still runs; one with under 30 s left is not
+# run. OUT (default build/gpu-suite) gets parts.log (what each part took, its
+# exit status), host.txt (GPU, driver, commit, torch/jax versions) and
+# results.tgz (each part's log and result folder); the parts' Markdown tables
+# are printed on stdout too.
+#
 # By default:
 #   fp8-mlp     benchmarks/fp8_gpu.py on the MLP: bf16, fp8 (the default
 #               recipe), fp8-bf16-out (Fp8Recipe(gemm_output="bfloat16"))
@@ -42,13 +50,14 @@
 #               (not recorded yet; commit it as tests/policies/cuda_module_dtypes.json)
 #   fp8-probe   one fp8 GEMM of the MLP's shape compiled with XLA's defaults
 #               and with Triton GEMMs off (55.6 s against 0.11 s on an H200)
-# The lent image has neither torchax nor expecttest: their wheels travel in
-# gpuwheels/, kept out of git (third-party code) and named in the device
-# call's `carry`, and are installed here. Once per checkout:
+# torchax and expecttest (torch.testing's OpInfos import it) are looked for
+# first; one that is missing is installed from its wheel in gpuwheels/, for a
+# machine without PyPI. Prepare the folder where there is network access, and
+# keep it out of git (third-party code):
 #   pip download torchax==0.0.13 expecttest==0.3.0 --no-deps -d gpuwheels
-#   echo /gpuwheels/ >> .git/info/exclude      # then run with carry=["gpuwheels"]
+#   echo /gpuwheels/ >> .git/info/exclude
 set -u
-OUT=${OUT:-build/lent-gpu}
+OUT=${OUT:-build/gpu-suite}
 BUDGET=${BUDGET:-560}
 mkdir -p "$OUT"
 PY=$(command -v python || command -v python3)
@@ -99,8 +108,9 @@ part modules 150 $PY -m scripts.record_cuda_autocast --modules --out "$OUT/cuda_
 part fp8-probe 60 $PY -m benchmarks.fp8_gpu --worker probe
 echo "total $(( SECONDS - start )) s" >> "$OUT/parts.log"
 for f in "$OUT"/*/*.md; do [ -f "$f" ] && { echo "== $f"; cat "$f"; }; done  # the tables, on stdout too
-# The device tool brings back 8 files: everything but these two travels as one archive
-(cd "$OUT" && tar czf /tmp/lent-gpu-results.tgz --exclude=parts.log --exclude=host.txt . \
-  && mv /tmp/lent-gpu-results.tgz results.tgz && find . -mindepth 1 -maxdepth 1 ! -name results.tgz ! -name parts.log ! -name host.txt \
+# Three files in $OUT: everything but these two goes into one archive
+(cd "$OUT" && tar czf /tmp/gpu-suite-results.tgz --exclude=parts.log --exclude=host.txt . \
+  && mv /tmp/gpu-suite-results.tgz results.tgz \
+  && find . -mindepth 1 -maxdepth 1 ! -name results.tgz ! -name parts.log ! -name host.txt \
      -exec rm -rf {} +)
 cat "$OUT/parts.log"

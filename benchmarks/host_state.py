@@ -1,5 +1,5 @@
-"""How fast this host compiles right now: the calibration docs/benchmarks.md
-quotes beside suite timings (issue #53).
+"""How fast the machine it runs on compiles right now: the calibration
+docs/benchmarks.md ("Test suite") quotes beside suite timings.
 
     python -m benchmarks.host_state
 

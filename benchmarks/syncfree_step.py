@@ -16,7 +16,7 @@ changes the learning rate every step. The same loop runs with:
   no-scaling       xla_amp.syncfree.<Opt> and no loss scaling at all, and no
                    overflow injected: what the step costs without any scaler,
                    a floor for every path above (so the best speed-up over
-                   the stock path any scaler can reach on this machine)
+                   the stock path any scaler can reach on the machine that runs it)
 
 After warm-up it reads torch_xla.debug.metrics over the measured steps and
 prints a markdown table: device-to-host transfers per step, executions per

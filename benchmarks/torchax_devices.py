@@ -1,4 +1,4 @@
-"""How closely a bf16 run on 4 devices follows the same run on 1 (issue #44).
+"""How closely a bf16 run on 4 devices follows the same run on 1.
 
     JAX_PLATFORMS=cpu .venv/bin/python -P benchmarks/torchax_devices.py [--steps 30]
 

@@ -1,4 +1,4 @@
-"""A GPT-2-shaped LM's training step three ways (issue #36): xla_amp on
+"""A GPT-2-shaped LM's training step three ways: xla_amp on
 torch_xla, xla_amp on torchax and plain JAX, side by side in one run.
 
     PJRT_DEVICE=CPU .venv/bin/python benchmarks/torchax_lm.py [--gpt2] [--rounds 20]

@@ -10,9 +10,10 @@ Three variants, per model (a small CNN and an MLP, batch 64):
 Times are the tracing thread's CPU time (time.thread_time), so other load on
 the machine does not count. Workers run in subprocesses (importing xla_amp replaces kernels for good),
 alternating over rounds; each reports the median µs per traced step, and the
-table shows each variant's best round: on this machine a process lands in a
-fast or a slow state (±40%, imports alike), so the minimum over several
-processes is the stable figure. Printed: b/a (what autocast costs at all)
+table shows each variant's best round: on the 2-core machines of
+docs/benchmarks.md ("Trace cost") a process lands in a fast or a slow state
+(±40%, imports alike), so the minimum over several processes is the stable
+figure. Printed: b/a (what autocast costs at all)
 and c/b (target <= 1.05).
 
 Also measured in the xla_amp workers: (d) the same region with record=True

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Records what torch.autocast("cuda", float16) gives every public torch
 function with a sample (tests/support/op_samples.py), on a GPU: the cuda
-rules' reference for composites (issue #51; tests/policies/test_composites.py
+rules' reference for composites (tests/policies/test_composites.py
 compares xla_amp's cuda policy on XLA:CPU against it).
 
-    python -m scripts.record_cuda_autocast [--out FILE]   # on a lent GPU
+    python -m scripts.record_cuda_autocast [--out FILE]   # on an NVIDIA GPU
     python -m scripts.record_cuda_autocast --device cpu   # the script's own check
     python -m scripts.record_cuda_autocast --modules [--out FILE]
         every module of PyTorch's module_db with its samples instead

@@ -46,7 +46,7 @@ def summary(run, flags) -> int:
         print(f"loss scale    {fmt_scale(run.last['scale'])}")
     if flags.checkpoint:
         print(f"checkpoint    {flags.checkpoint} (after global step {run.global_step})")
-    print(f"wall time     {wall:.1f} s (this machine's load included)")
+    print(f"wall time     {wall:.1f} s (other load on the machine included)")
     print("=" * 65, flush=True)
     if not ok:
         acc = "none" if run.eval_acc is None else f"{run.eval_acc:.2f}%"

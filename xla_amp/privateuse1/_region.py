@@ -62,8 +62,8 @@ def device_type(device) -> str:
         dev = None
     if name == "privateuseone" and "torch_tpu" in sys.modules:
         raise ValueError(
-            f"autocast: TorchTPU is installed but found no TPU on this host (it names "
-            f"PrivateUse1 'tpu' only when one is present), so {device!r} is no device here")
+            f"autocast: TorchTPU is installed but found no TPU (it names PrivateUse1 "
+            f"'tpu' only when one is present), so {device!r} is no device in this process")
     if dev is None:
         raise ValueError(f"autocast: {device!r} is not a device")
     if dev.type == "xla":
