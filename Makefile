@@ -242,6 +242,8 @@ zoo-large: build dev
 demo: build
 	$(PY) scripts/train_mnist_amp.py --target_accuracy 97
 
+# Eleven CPU benchmarks, each once with its defaults (docs/benchmarks.md
+# names them and how to run the rest: options, .venv-current, the GPU suite).
 bench: build dev
 	$(PY) benchmarks/trace_cost.py
 	$(PY) benchmarks/syncfree_step.py

@@ -10,8 +10,8 @@ os.environ.pop("XLA_USE_BF16", None)  # would override per-op precision
 
 # Bytecode caches written (__pycache__, ignored by git) by the run, its xdist
 # workers and every process a test starts, whatever the environment says: with
-# PYTHONDONTWRITEBYTECODE=1 (this host's default) each of them compiled the
-# test modules, pytest's rewritten asserts and xla_amp from source (#53).
+# PYTHONDONTWRITEBYTECODE=1 (some hosts' default) each of them would compile
+# the test modules, pytest's rewritten asserts and xla_amp from source.
 import sys  # noqa: E402
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
@@ -27,8 +27,7 @@ from tests.support import memory_maps, quiet_gc  # noqa: E402
 from tests.support.launch import BACKEND_O0, ROOT  # noqa: E402  (os, re, sys only)
 
 # XLA:CPU compiles the tests' graphs with backend optimisation off
-# (BACKEND_O0, tests/support/launch.py): the same HLO, a third of LLVM's time
-# (make test 9:44 -> 6:29, docs/benchmarks.md "#53, the tests' XLA backend").
+# (BACKEND_O0, tests/support/launch.py): the same HLO, a third of LLVM's time.
 # The fusion emitters stay: with the elemental ones float32 -> float8 rounds
 # otherwise than the float64 reference (tests/fp8/test_fp8.py). Where torch_xla
 # is installed only: the current profile gained nothing (78 s -> 86 s). Asked
@@ -135,7 +134,7 @@ def pytest_collection_modifyitems(config, items):
     # (pluggy calls this conftest's hook before pytest's own -m selection)
 
 
-# A guard against regrowth (issue #53): a test whose call takes longer than
+# A guard against regrowth: a test whose call takes longer than
 # this in `make test` is listed at the end of the run as over, the way .ci/run
 # prints OVER BUDGET -- listed, not failed (host noise would make it flaky).
 # Measured on the faster 2-core host; heavy checks belong in their targets.

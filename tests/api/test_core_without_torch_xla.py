@@ -38,11 +38,11 @@ def test_core_imports_and_names_what_is_missing():
     assert out["autocast"] == "xla_amp.privateuse1._region"
     # nothing of the torch_xla engine was loaded (xla_amp._engine and _C serve
     # the PrivateUse1 engine too: import xla_amp takes AutocastPrivateUse1
-    # with the native kernels where they load, #52)
+    # with the native kernels where they load)
     for engine_module in ("xla_amp.syncfree", "xla_amp.autocast", "xla_amp.sharded",
                           "xla_amp.gpu", "xla_amp.distributed"):
         assert engine_module not in out["loaded"], engine_module
-    for name in ("custom_fwd", "custom_bwd", "compare", "watch_nonfinite"):  # any engine (#52)
+    for name in ("custom_fwd", "custom_bwd", "compare", "watch_nonfinite"):  # any engine
         assert out[name] == "no error", (name, out[name])
     for name in ("syncfree", "sharded", "gpu", "optimizer_step", "explain", "PrecisionReport",
                  "import xla_amp.syncfree"):

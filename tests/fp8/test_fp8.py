@@ -180,7 +180,7 @@ def _delayed_reference(amaxes_per_step, skipped, recipe):
     fmax = 448.0
     for amaxes, skip in zip(amaxes_per_step, skipped):
         scales.append(scale)
-        # a non-finite amax (an overflow) never enters the history (#43)
+        # a non-finite amax (an overflow) never enters the history
         pending = max([a for a in amaxes if math.isfinite(a)], default=0.0)
         if skip:
             continue

@@ -1,6 +1,6 @@
-"""xla_amp.fp8._quant.pinned_amax on torch_xla (on by default since an H200
-run measured it, #50; benchmarks/fp8_gpu.py's ``-unpinned`` variants turn it
-off): every amax behind its own optimization barrier, and no bit of the step
+"""xla_amp.fp8._quant.pinned_amax on torch_xla (on by default: faster on an
+H200, docs/benchmarks.md "fp8 on a GPU"; benchmarks/fp8_gpu.py's
+``-unpinned`` variants turn it off): every amax behind its own optimization barrier, and no bit of the step
 changed. The torchax engine's barrier: tests/torchax/test_torchax_fp8.py."""
 from __future__ import annotations
 

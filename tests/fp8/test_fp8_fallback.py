@@ -1,5 +1,5 @@
-"""A shape that cannot take an fp8 GEMM falls back to the region's dtype
-(issue #50): a call with a token count not a multiple of 16, a layer
+"""A shape that cannot take an fp8 GEMM falls back to the region's dtype:
+a call with a token count not a multiple of 16, a layer
 `convert(unaligned="keep")` leaves, an e5m2 x e5m2 pair, a float8 type the
 backend cannot dot. Each is logged once, naming the layer, and listed in
 `report(model).fallback`; the fallback call equals nn.Linear under the same

@@ -1,4 +1,4 @@
-"""A step the GradScaler skips leaves no trace (#43), on a whole model: a
+"""A step the GradScaler skips leaves no trace, on a whole model: a
 transformer block whose Linear layers are fp8 with delayed scaling
 (fp8.attach rolls their histories after each step), trained under the
 cuda rules (float16) and the tpu rules (bfloat16), with syncfree and

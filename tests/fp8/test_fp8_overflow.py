@@ -1,4 +1,4 @@
-"""An fp8 layer never hides an overflow from the GradScaler (#43): the
+"""An fp8 layer never hides an overflow from the GradScaler: the
 backward's clamp before the cast used to turn an inf output gradient into a
 finite one, the step was not skipped, and the inf amax froze the layer's
 gradient scale for the whole history. Now a non-finite output gradient is
@@ -96,7 +96,7 @@ def _overflow_is_skipped(device, recipe, optimizer, policy, factor):
 
 
 def test_linear_subclasses_left_alone_are_named():
-    """#43: convert swaps exact nn.Linear only; a subclass such as
+    """convert swaps exact nn.Linear only; a subclass such as
     nn.MultiheadAttention's out_proj (its owner reads .weight directly) is
     named in one warning, not passed over without a word."""
     class Block(nn.Module):

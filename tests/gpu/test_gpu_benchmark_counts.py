@@ -1,8 +1,7 @@
 """The GPU benchmarks count an optimized XLA:GPU program's GEMMs from its
 text. XLA prints a cuBLAS call with its workspace as a tuple-typed
 custom-call, `(bf16[..]{1,0}, s8[..]{0}) custom-call(...)`: the parser must
-read those (until the fourteenth session it skipped them, and the H100/H200
-tables counted only the Triton GEMM fusions)."""
+read those (a parser that skips them counts only the Triton GEMM fusions)."""
 from benchmarks import fp8_profile, gpu
 from tests.support.fp8 import parse
 

@@ -1,4 +1,4 @@
-"""A step the GradScaler skips leaves no trace (#43), through every framework
+"""A step the GradScaler skips leaves no trace, through every framework
 plug-in: Lightning's Trainer and Fabric, Accelerate and the Transformers
 Trainer each train the suite's small classifier in "16-mixed" (fp16 under
 the cuda rules + xla_amp.GradScaler) with its first Linear in fp8, delayed

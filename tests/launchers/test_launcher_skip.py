@@ -1,5 +1,5 @@
 """The launcher's `--fp8` under float16 (cuda rules + GradScaler) skips an
-overflowing step without a trace (#43), with the syncfree optimizer and
+overflowing step without a trace, with the syncfree optimizer and
 with torch.optim (`--nosyncfree`, the scaler's masked step).
 
 The overflow is a real one, reached through the launcher's own flags: a
@@ -19,11 +19,10 @@ from xla_amp.checkpoint import _integrity
 pytestmark = pytest.mark.launchers
 
 # Two steps per epoch and two evaluation batches (--num_steps), of 8 images:
-# XLA:CPU runs float16 convolutions in emulated half precision, about 150x
-# slower than bfloat16 (docs/benchmarks.md, "#53, the zoo test by test"). The
-# 360-image evaluation of every run was half of this test's time, and a step
-# of 32 images takes 4.6 s against 1.5 s for 8 (#53). What the test checks
-# does not depend on the batch.
+# XLA:CPU runs float16 convolutions in emulated half precision, far slower
+# than bfloat16, so a float16 step's time grows with its batch and the
+# 360-image evaluation would be half of this test's time. What the test
+# checks does not depend on the batch.
 FP8 = ["--fp8", "--policy", "cuda", "--num_steps", 2, "--batch_size", 8,
        "--eval_batch_size", 8]
 

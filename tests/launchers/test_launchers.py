@@ -234,7 +234,7 @@ def _executions(proc):
     return float(re.search(r"([\d.]+) graph executions/step", summary(proc, "XLA")).group(1))
 
 
-@pytest.mark.launchers  # over 15 s in make test (#53): make launchers
+@pytest.mark.launchers  # over make test's 15 s guard: make launchers
 def test_mnist_compile_flag():
     """--compile: forward + loss through torch.compile(backend="openxla"),
     the rest lazily; still no host sync in a step (the one read per
@@ -254,7 +254,7 @@ def test_mnist_compile_flag():
     assert losses[1] == pytest.approx(losses[0], rel=2e-2), losses
 
 
-@pytest.mark.launchers  # over 15 s in make test (#53): make launchers
+@pytest.mark.launchers  # over make test's 15 s guard: make launchers
 def test_imagenet_compile_flag():
     proc = launch("train_imagenet_amp.py", "--model", "resnet18", "--image_size", 32,
                   "--batch_size", 2, "--max_steps", 2, "--num_classes", 10, "--compile")
@@ -263,7 +263,7 @@ def test_imagenet_compile_flag():
     assert 4 <= _executions(proc) <= 5  # first step: also the optimizer state's creation
 
 
-@pytest.mark.launchers  # over 15 s in make test (#53): make launchers
+@pytest.mark.launchers  # over make test's 15 s guard: make launchers
 def test_imagenet_image_folder_run(tmp_path):
     _image_folder(tmp_path / "data")
     proc = launch("train_imagenet_amp.py", "--datadir", tmp_path / "data",

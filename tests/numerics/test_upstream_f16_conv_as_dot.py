@@ -1,8 +1,8 @@
 """torch_xla 2.9's XLA:CPU sums a float16 convolution in float16 when it
 rewrites the convolution into a matrix-vector dot (a 1x1 kernel over a 1x1
 input: the squeeze-excitation convolutions of MobileNetV3 and EfficientNet
-under the cuda rules' float16). Found in #53 while timing the zoo's float16
-runs; docs/upstream/xla_cpu_f16_conv_as_dot.md. Fails once the defect is
+under the cuda rules' float16), seen in the zoo's float16 runs;
+docs/upstream/xla_cpu_f16_conv_as_dot.md. Fails once the defect is
 gone (JAX 0.10.2's XLA:CPU gives 5000 for the same convolution)."""
 import torch
 import torch.nn.functional as F

@@ -1,4 +1,4 @@
-"""Composites follow the policy's system (issue #51): under
+"""Composites follow the policy's system: under
 torch.autocast("cpu") a composite decomposes and the ops inside it are cast;
 torch_xla lowers some composites itself (einsum, affine_grid_generator), and
 the cpu policy's [decompose] table makes the engine run PyTorch's
@@ -10,7 +10,7 @@ gives on XLA:CPU equal those torch.autocast("cpu") gives on the CPU.
 A function is excused only where torch_xla differs from the CPU without any
 autocast too (its own dtype or an error: nothing a policy decides), which
 the test derives by running it so. The cuda rules' reference is CUDA
-autocast, recorded on a lent GPU by scripts/record_cuda_autocast.py into
+autocast, recorded on an NVIDIA GPU by scripts/record_cuda_autocast.py into
 cuda_autocast_dtypes.json (its torch and device inside): the same calls
 under xla_amp.autocast(policy="cuda") on XLA:CPU give the recorded dtypes,
 excused only where torch_xla without autocast differs from the GPU without
@@ -107,7 +107,7 @@ def test_the_recorded_cuda_table_is_not_stale():
     """Every case this tree's torch samples is in the table with the same
     tensors, but for a bounded few a different torch samples differently
     (recorded: torch 2.11 on the GPU; here 2.9). Rerun
-    scripts/record_cuda_autocast.py on a lent GPU when this fails."""
+    scripts/record_cuda_autocast.py on an NVIDIA GPU when this fails."""
     recorded = _cuda_table()["recorded"]
     assert recorded["device"] == "cuda" and recorded["autocast_dtype"] == "float16", recorded
     _, _, _, moved = _compare("cuda")

@@ -1,4 +1,4 @@
-"""The precision of float32 matmuls is part of a policy (issue #51): each
+"""The precision of float32 matmuls is part of a policy: each
 built-in file states it (cuda IEEE fp32 and PyTorch's TF32 switch, tpu
 torch_xla's default, cpu exact), overrides and bad values are checked with
 file:line, and the torch_xla engine -- whose precision is one per process --

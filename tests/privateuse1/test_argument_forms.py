@@ -4,8 +4,8 @@ Python numbers through the Python binding and Python's operators) under
 every built-in policy and under an "fp32" module rule, on the stand-in
 device: each result equals the same call without xla_amp's kernel for it,
 inputs cast by hand as the policy says (tests/support/argument_forms.py).
-Issue #52: with the hpu policy or an "fp32" rule compiled, ``t * 2`` raised
-inside any region whose policy does not list mul."""
+The case that once failed: with the hpu policy or an "fp32" rule compiled,
+``t * 2`` must not raise inside a region whose policy does not list mul."""
 import json
 import os
 import subprocess

@@ -1,5 +1,5 @@
 """What docs/torchtpu.md lists as working without torch_xla, on the stand-in
-"tpu" device (issue #52): watch_nonfinite and compare with their flags on
+"tpu" device: watch_nonfinite and compare with their flags on
 the device, xla_amp.custom_fwd/custom_bwd keeping the region's policy on
 autograd's device thread, and plain torch.autocast("tpu") right after
 ``import xla_amp``, the backend named before or after it. Needs torch 2.11+ (autograd on the stand-in)."""

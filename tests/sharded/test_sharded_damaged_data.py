@@ -1,4 +1,4 @@
-"""A damaged data file in a sharded checkpoint (#43): torch's
+"""A damaged data file in a sharded checkpoint: torch's
 CheckpointException derives from BaseException (pinned below), so
 `except Exception` missed it and users saw a multi-line traceback.
 xla_amp.sharded.load turns it into one line of CheckpointError (an

@@ -10,7 +10,7 @@ step skipped), the precision report, the non-finite watch, compare,
 torch.compile and the state round trip give the same results.
 
 `make sharded` (SPMD mode; two whole runs, 21-29 s: over make test's 15 s
-a test, #53); tests/gpu/test_gpu_spmd_mode.py keeps the static check.
+a test); tests/gpu/test_gpu_spmd_mode.py keeps the static check.
 """
 import json
 import os

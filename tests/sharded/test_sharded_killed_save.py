@@ -1,4 +1,4 @@
-"""Sharded saves killed mid-way (#43): a real process saves over an existing
+"""Sharded saves killed mid-way: a real process saves over an existing
 checkpoint (keep=2) and dies, and then ``sharded.load(path)`` gives the
 previous checkpoint bit-identically -- or the new one, once the manifest's
 rename has happened -- the older kept version too, and the next save

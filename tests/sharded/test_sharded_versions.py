@@ -1,4 +1,4 @@
-"""Versions, keep=K and checksums of xla_amp.sharded checkpoints (#43), in
+"""Versions, keep=K and checksums of xla_amp.sharded checkpoints, in
 this process (XLA:CPU, one device): the layout a save leaves, keep=K
 rotation with every kept version loading bit-identically, keep refused
 before anything is written, a checkpoint from before versions loading

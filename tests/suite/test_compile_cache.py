@@ -104,9 +104,9 @@ def test_jax_processes_of_a_run_share_one_cache_under_build(tmp_path):
 
 
 def test_python_writes_bytecode_caches_in_the_run_and_in_its_processes():
-    """tests/conftest.py lifts PYTHONDONTWRITEBYTECODE (set on this host): a
+    """tests/conftest.py lifts PYTHONDONTWRITEBYTECODE (set on some hosts): a
     collection of tests/ took 15.5-16.0 s compiling every module from source,
-    12.0-15.1 s from __pycache__ (interleaved, docs/benchmarks.md, #53)."""
+    12.0-15.1 s from __pycache__ (interleaved runs)."""
     assert not sys.dont_write_bytecode
     assert "PYTHONDONTWRITEBYTECODE" not in os.environ
     flag = "import sys; print(sys.flags.dont_write_bytecode)"

@@ -1,4 +1,4 @@
-"""The regrowth guard (issue #53): a test call over the per-test budget is
+"""The regrowth guard: a test call over the per-test budget is
 listed at the end of a `make test` run by name and seconds, slowest first;
 setup and teardown do not count, and the run is not failed by it
 (tests/conftest.py, pytest_terminal_summary); .ci/run's per-target times

@@ -10,7 +10,7 @@ RULELESS = ("aten::sub.Tensor", "aten::rsub.Tensor", "aten::remainder.Tensor",
             "aten::lerp.Tensor", "aten::floor_divide", "aten::masked_fill.Tensor")
 
 
-# Python's operators with a number (their kernels' tests: issue #52's crash)
+# Python's operators with a number (their kernels once raised on these)
 OPERATORS = {
     "py::t * 2": lambda t: t * 2, "py::0.5 * t": lambda t: 0.5 * t,
     "py::t / 2": lambda t: t / 2, "py::2 / t": lambda t: 2 / t,

@@ -1,5 +1,5 @@
 """Every op of the built-in policies, and ops no policy lists, called in each
-argument form its schema allows (issue #52): positional as PyTorch calls it,
+argument form its schema allows: positional as PyTorch calls it,
 by keyword, with trailing defaults spelled out, with Python numbers where
 the schema takes a Tensor (``t * 2``) or a Scalar (int and float), under
 every built-in policy and under an ``"fp32"`` module policy. Each result must

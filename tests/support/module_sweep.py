@@ -2,7 +2,7 @@
 module of PyTorch's own module test database
 (torch.testing._internal.common_modules.module_db) with its sample inputs,
 run under a region, reduced to dtypes. Imports neither torch_xla nor
-torchax, so a lent GPU's recorder (scripts/record_cuda_autocast.py
+torchax, so the recorder on an NVIDIA GPU (scripts/record_cuda_autocast.py
 --modules) can run it under torch.autocast("cuda").
 
     MODULES                       {name: ModuleInfo}, the lazy modules left out

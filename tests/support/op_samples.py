@@ -1,7 +1,7 @@
 """A call of every public torch function that has a sample, for comparing the
-floating dtypes autocast gives (issue #51): torch.overrides' functions with
+floating dtypes autocast gives: torch.overrides' functions with
 PyTorch's OpInfo samples (torch.testing), plus multi-operand calls OpInfo's
-first samples miss. Imports neither torch_xla nor torchax: the lent GPU's
+first samples miss. Imports neither torch_xla nor torchax: the GPU's
 recorder (scripts/record_cuda_autocast.py) runs it in a process that never
 imported torchax, under torch.autocast("cuda").
 

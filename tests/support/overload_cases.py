@@ -1,6 +1,6 @@
 """Cases for the overloads of the tables' ops that no case of
-tests.support.conformance_cases calls (issue #44: the torchax parity sweep
-runs every overload of every op the policy tables name, not only the
+tests.support.conformance_cases calls (the torchax parity sweep runs every
+overload of every op the policy tables name, not only the
 overloads an entry names). Kept apart from CASES so the torch_xla
 conformance tests keep their own keys. Each call reaches exactly the
 overload of its key (F.interpolate with scale_factor reaches the ``.vec``

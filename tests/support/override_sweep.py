@@ -1,4 +1,4 @@
-"""Overrides win on every engine (issue #52): ops of the built-in policy
+"""Overrides win on every engine: ops of the built-in policy
 files moved, one at a time, into each other category by
 ``Policy.with_overrides``, run on an engine, and the output dtype compared
 with what the override asks for.
@@ -29,7 +29,8 @@ from tests.support.dtype_parity import SKIP, cases_for, input_dtypes
 
 TARGETS = ("lower_precision_fp", "fp32", "promote")
 MAX_OPS = 60
-# always in the sample: issue #52's case, and attention (its low-dtype
+# always in the sample: log_softmax (an override of it once lost on
+# torchax), and attention (its low-dtype
 # computation is xla_amp's own, xla_amp/policies/_attention.py, on every engine)
 ALWAYS = ("aten::log_softmax", "aten::scaled_dot_product_attention")
 LOW = torch.bfloat16

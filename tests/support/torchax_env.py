@@ -72,7 +72,7 @@ KNOWN_DIFFERENCES = {
         "returns bfloat16")
     for policy in ("tpu", "cuda")
 }
-# the cpu policy's [decompose] (#51): torch_xla runs PyTorch's einsum (a bmm,
+# the cpu policy's [decompose]: torch_xla runs PyTorch's einsum (a bmm,
 # cast); torchax lowers aten::einsum in one piece of JAX (jnp.einsum, float32
 # through) and running PyTorch's decomposition there reaches ops torchax has
 # no lowering for (aten::mT): torchax keeps its own, as before

@@ -1,4 +1,4 @@
-"""The paths torchax takes, generated, with a call for each (issue #44).
+"""The paths torchax takes, generated, with a call for each.
 
     python_paths()    every Python-level function PyTorch lets a mode
                       override whose torchax path is "body" (a Python

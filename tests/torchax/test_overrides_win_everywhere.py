@@ -1,4 +1,4 @@
-"""Overrides win on every engine (issue #52): each of ≥ 40 ops of the policy
+"""Overrides win on every engine: each of ≥ 40 ops of the policy
 files moved by ``Policy.with_overrides`` into each other category (and
 one at a time, on torch_xla, on the stand-in PrivateUse1 device
 and on torchax; every engine must give the dtype the override asks for

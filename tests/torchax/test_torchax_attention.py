@@ -1,6 +1,6 @@
-"""Attention through jax.nn.dot_product_attention inside regions (issue #51;
-xla_amp/torchax/_attention.py): on a GPU cuDNN's fused kernel (on an H200
-the LM step 10.58 -> 8.27 ms), here XLA's implementation of the same call.
+"""Attention through jax.nn.dot_product_attention inside regions
+(xla_amp/torchax/_attention.py): on a GPU cuDNN's fused kernel (on an H200
+the LM step 10.58 -> 8.27 ms, docs/benchmarks.md "The LM on a GPU"), here XLA's implementation of the same call.
 Taken for scaled_dot_product_attention in the region's low dtype without a
 mask or dropout (GQA included), by default only on a GPU backend; its output
 and a trained LM's losses equal torchax's own lowering's; everything else

@@ -1,5 +1,5 @@
 """xla_amp/torchax/_lowerings.py: inside a region, embedding and split lower
-to leaner JAX than torchax 0.0.13's (issue #44's converts and selects), with
+to leaner JAX than torchax 0.0.13's (fewer converts and selects), with
 the same values and gradients; outside a region torchax's own lowerings run
 (the comparison below, so a torchax that changes shows up)."""
 from __future__ import annotations

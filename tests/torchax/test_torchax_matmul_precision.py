@@ -1,4 +1,4 @@
-"""Float32 matmul precision on torchax (issue #51): under a region, the
+"""Float32 matmul precision on torchax: under a region, the
 dots and convolutions whose inputs are float32 -- an "fp32" module rule's,
 the fp32 category's, an op the policy leaves in float32 -- carry the
 region's precision in the lowered program (HLO operand_precision), per

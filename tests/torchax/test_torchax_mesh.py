@@ -1,4 +1,4 @@
-"""xla_amp.torchax.make_train_step on several devices (issue #36), each run
+"""xla_amp.torchax.make_train_step on several devices, each run
 in a subprocess with its own devices (make torchax):
 
     tests/torchax/_torchax_mesh_run.py      one process, 4 CPU devices: an inf in

@@ -1,4 +1,4 @@
-"""A step the torchax LossScaler skips leaves no trace (#43): every leaf the
+"""A step the torchax LossScaler skips leaves no trace: every leaf the
 step carries -- parameters, optimizer moments and counts, batch-norm
 statistics the forward moved, fp8 amax histories, pending amaxes and
 scales, the random key -- keeps its bits; only the scaler's state moves

@@ -1,4 +1,4 @@
-"""The policy reaches the arithmetic on every path torchax takes (issue #44).
+"""The policy reaches the arithmetic on every path torchax takes.
 
 From the traced program (jaxprs: each instruction keeps the name stack of
 the calls it came from), for a generated list of paths:

@@ -1,4 +1,4 @@
-"""A lost process in a multi-process torchax run (issue #44): two real
+"""A lost process in a multi-process torchax run: two real
 processes x 2 CPU devices (jax.distributed, gloo), both set up by
 xla_amp.torchax.initialize_distributed with its default timeouts, train
 through make_train_step(mesh=..., sharding="replicate")
@@ -42,7 +42,7 @@ TIMEOUT = 120  # seconds, a whole pair at most (a run takes 10 to 20)
 KILL_TO_EXIT_S = 20  # the survivor's exit after the kill, at most
 LINGER_S = 8  # the clean run's straggler: past peer_timeout_s (6 s)
 # gloo's transport thread aborting the survivor when the killed peer's last
-# message arrives cut short (once in ~20 runs, 2026-11-27): upstream's outcome
+# message arrives cut short (about once in 20 runs): upstream's outcome
 GLOO_ABORT = "Received data size doesn't match expected size"
 
 

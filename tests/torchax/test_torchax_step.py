@@ -132,7 +132,7 @@ def test_dropout_draws_a_new_mask_every_step():
 def test_the_key_is_split_only_where_the_model_draws():
     """torchax splits the step's key at each draw and the rest is the next
     step's key: a model that draws nothing has no key arithmetic in its
-    program (no threefry split, issue #44) and carries its key unchanged."""
+    program (no threefry split) and carries its key unchanged."""
     plain = xt.make_train_step(_model(), F.cross_entropy, optax.sgd(0.1), policy="tpu", seed=3)
     assert "threefry" not in plain.lower(*_batch()).as_text()
     key = np.array(plain.state[4])

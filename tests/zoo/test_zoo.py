@@ -179,8 +179,7 @@ def test_zoo_large_graph_model_trains_under_every_policy(model):
     minutes per variant to compile on 2 cores (32 for the four), too long for
     CI next to the rest; compiled next to another model's it ran the 24 GiB
     machine out of memory (the process was killed). The four variants in one
-    process grew past 23 GB and were killed too (session 6): one process
-    per variant."""
+    process grew past 23 GB and were killed too: one process per variant."""
     _check(model, timeout=1800, one_process_each=True)
 
 

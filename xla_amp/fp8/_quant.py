@@ -18,12 +18,12 @@ and the scales are applied to its float32 result. So::
 
 Everything is tensor ops on the device: no .item(), no branches on values.
 
-Each amax stands behind an optimization barrier (on by default since an
-H200 run measured it, issue #50; `pinned_amax(False)` turns it off): XLA:GPU
-otherwise fuses the last stage of the amax reduction into its small consumer
-(delayed scaling's [3, L] history), where one thread reduces it serially --
-8 kernels, 0.77 ms a step on the MLP of docs/fp8.md, 0.03 ms pinned, and the
-step 1.313x bf16 against 1.295x unpinned. The values are the same bits
+Each amax stands behind an optimization barrier (on by default;
+`pinned_amax(False)` turns it off): XLA:GPU otherwise fuses the last stage of
+the amax reduction into its small consumer (delayed scaling's [3, L]
+history), where one thread reduces it serially -- on the MLP of docs/fp8.md
+8 fusions a step hold an amax stage without the barrier, none with it (the
+figures: docs/benchmarks.md, "fp8 on a GPU"). The values are the same bits
 (XLA:CPU drops barriers before fusion). Engines register their barrier by
 device type; a device type with none is not pinned.
 """

@@ -1,5 +1,5 @@
-"""Attention through ``jax.nn.dot_product_attention`` inside xla_amp regions
-(issue #51): on a GPU, cuDNN's fused kernel, where torchax 0.0.13 lowers
+"""Attention through ``jax.nn.dot_product_attention`` inside xla_amp regions:
+on a GPU, cuDNN's fused kernel, where torchax 0.0.13 lowers
 ``F.scaled_dot_product_attention`` as its unfused math (the scores in memory).
 
 Measured on an H200 (docs/gpu.md): the 6 x 768 LM's xla_amp bf16 step 10.58

@@ -1,7 +1,7 @@
 """`initialize_distributed`: ``jax.distributed.initialize`` for a torchax run
 on several processes, set up so that a process that dies makes the others
-exit non-zero within seconds, naming it, instead of blocking in a collective
-(issue #44).
+exit non-zero within seconds, naming it, instead of blocking in a
+collective.
 
 When to call: once in every process, first thing -- before any JAX
 computation, before ``make_train_step`` -- where you would call
@@ -29,8 +29,8 @@ What JAX does alone (jax 0.10, two processes x 2 CPU devices, gloo):
     no heartbeat for heartbeat_timeout_seconds -- processes beat every half
     of it, so 1/2 to 1 timeout after the death -- and aborts every other
     process (SIGABRT, a multi-line C++ log listing the lost task ids):
-    50-100 s with JAX's default of 100 s (77-90 s reported in issue #44),
-    11-16 s measured with 16 s.
+    50-100 s with JAX's default of 100 s (77-90 s measured), 11-16 s
+    measured with 16 s.
 
 What this adds for the second case, the watchdog: one daemon thread per
 process. Every ``min(1 s, peer_timeout_s / 4)`` it writes a counter under

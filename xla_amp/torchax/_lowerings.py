@@ -1,5 +1,5 @@
 """Leaner JAX for two ops torchax 0.0.13 lowers at a cost, inside xla_amp
-regions (issue #44: the GPT-2 step's converts and selects against plain JAX).
+regions (the GPT-2 step's converts and selects, against plain JAX's).
 
     embedding          ``jnp.take(weight, ids, axis=0, mode="clip")``.
                        torchax's ``jnp.take`` uses JAX's default mode, which

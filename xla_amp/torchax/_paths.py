@@ -1,5 +1,5 @@
 """The paths torchax takes for a call, and how the policy follows each one to
-where the arithmetic happens (issue #44).
+where the arithmetic happens.
 
 torchax runs a call it is handed in one of these ways (``path``)::
 
