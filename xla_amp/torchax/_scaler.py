@@ -1,22 +1,25 @@
 """`LossScaler`: dynamic loss scaling for jitted torchax steps, in tensors only.
 
-The torch_xla GradScaler's algorithm (torch.amp.GradScaler's), as pure
-functions of a state that lives in the step's arguments: no ``_foreach_*``
-(torchax has no lowering for them), no ``_amp_*`` ops, no float64, no
+The GradScaler's rule (torch.amp.GradScaler's, with its floor and skip
+count), as pure functions of a state that lives in the step's arguments: no
+``_foreach_*`` (torchax has no lowering for them), no ``_amp_*`` ops, no
 ``.item()``; everything it decides is decided on device::
 
     init()                 state = {scale: init_scale (float32),
-                                    growth_tracker: 0 (int32)}
+                                    growth_tracker: 0 (int32), skipped: 0 (int32)}
     scale(loss, state)     loss (float32) * scale
     unscale(grads, state)  grads * (1 / scale);
                            found_inf = any gradient element non-finite
                            (one reduction over all of them; under a mesh
                            JAX's partitioner reduces it across devices)
     update(state, found_inf)
-        found_inf:   scale *= backoff_factor, growth_tracker = 0
-        otherwise:   growth_tracker += 1; when it reaches growth_interval:
-                     scale *= growth_factor, growth_tracker = 0
-    state_dict / load_state_dict: the GradScaler's keys and meaning
+        scale, growth_tracker = xla_amp.scaler._update.next_scale(...): the
+            one rule GradScaler and the PrivateUse1 engine use (backoff, not
+            below min_scale; growth every growth_interval clean steps, only
+            while the grown scale is finite)
+        skipped += found_inf
+    state_dict / load_state_dict: the GradScaler's keys and meaning (a
+        torch.amp.GradScaler's too, which has no min_scale / _skipped_steps)
 
 Call `scale` on the loss inside the function you differentiate, `unscale`
 on its gradients, skip the optimizer update where ``found_inf`` (the step
@@ -31,6 +34,8 @@ import math
 import torch
 from torch.utils import _pytree as pytree
 
+from xla_amp.scaler import _checks, _update
+
 _KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 
 
@@ -44,6 +49,7 @@ class LossScaler:
     backoff_factor: float = 0.5
     growth_interval: int = 2000
     enabled: bool = True
+    min_scale: float | None = None  # GradScaler's floor: backoff never goes below it
 
     def __post_init__(self):
         for name in ("init_scale", "growth_factor", "backoff_factor"):
@@ -61,12 +67,14 @@ class LossScaler:
                              f"{self.growth_interval!r}")
         if not isinstance(self.enabled, bool):
             raise ValueError(f"LossScaler: enabled must be a bool, got {self.enabled!r}")
+        if self.min_scale is not None:  # refused as GradScaler refuses it
+            _checks.checked({"init_scale": self.init_scale, "min_scale": self.min_scale},
+                            "LossScaler")
 
     def init(self, device="jax") -> dict[str, torch.Tensor]:
         """A fresh state: call once, before the first step (under the env)."""
         scale = self.init_scale if self.enabled else 1.0
-        return {"scale": torch.full((), scale, dtype=torch.float32, device=device),
-                "growth_tracker": torch.zeros((), dtype=torch.int32, device=device)}
+        return _state(scale, 0, 0, device)
 
     def scale(self, loss: torch.Tensor, state) -> torch.Tensor:
         """The loss to differentiate: call inside the differentiated function."""
@@ -91,13 +99,16 @@ class LossScaler:
         """The state for the next step: call once per step, after the update."""
         if not self.enabled:
             return state
-        scale, tracker = state["scale"], state["growth_tracker"]
-        grown = tracker + 1
-        grow = grown >= self.growth_interval
-        new_scale = torch.where(found_inf, scale * self.backoff_factor,
-                                torch.where(grow, scale * self.growth_factor, scale))
-        new_tracker = torch.where(found_inf | grow, torch.zeros_like(tracker), grown)
-        return {"scale": new_scale, "growth_tracker": new_tracker}
+        scale, tracker = _update.next_scale(
+            state["scale"], state["growth_tracker"], found_inf, self.growth_factor,
+            self.backoff_factor, self.growth_interval, self.min_scale)
+        return {"scale": scale, "growth_tracker": tracker,
+                "skipped": state["skipped"] + found_inf.to(state["skipped"].dtype)}
+
+    def skipped_steps(self, state) -> int:
+        """Steps skipped since `init` (one read from the device), as
+        GradScaler.skipped_steps()."""
+        return int(_host(state["skipped"])) if self.enabled else 0
 
     def state_dict(self, state) -> dict:
         """The torch_xla GradScaler's state_dict for `state` (reads two
@@ -106,7 +117,8 @@ class LossScaler:
             return {}
         return {"scale": float(_host(state["scale"])), "growth_factor": self.growth_factor,
                 "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval,
-                "_growth_tracker": int(_host(state["growth_tracker"]))}
+                "_growth_tracker": int(_host(state["growth_tracker"])),
+                "min_scale": self.min_scale, "_skipped_steps": int(_host(state["skipped"]))}
 
     def load_state_dict(self, state_dict, device="jax") -> dict[str, torch.Tensor]:
         """A state from a `state_dict` (ours or a torch_xla / torch GradScaler's);
@@ -122,7 +134,9 @@ class LossScaler:
         missing = [k for k in _KEYS if k not in state_dict]
         if missing:
             raise ValueError(f"LossScaler.load_state_dict: missing {', '.join(missing)}")
-        for key in ("growth_factor", "backoff_factor", "growth_interval"):
+        for key in ("growth_factor", "backoff_factor", "growth_interval", "min_scale"):
+            if key == "min_scale" and key not in state_dict:
+                continue  # torch.amp.GradScaler's format: no floor recorded
             if state_dict[key] != getattr(self, key):
                 raise ValueError(
                     f"LossScaler.load_state_dict: {key} is {state_dict[key]!r} in the state, "
@@ -136,8 +150,17 @@ class LossScaler:
                 or not 0 <= tracker < self.growth_interval:
             raise ValueError(f"LossScaler.load_state_dict: _growth_tracker must be an int in "
                              f"[0, {self.growth_interval}), got {tracker!r}")
-        return {"scale": torch.full((), float(scale), dtype=torch.float32, device=device),
-                "growth_tracker": torch.full((), tracker, dtype=torch.int32, device=device)}
+        skipped = state_dict.get("_skipped_steps", 0)
+        if isinstance(skipped, bool) or not isinstance(skipped, int) or skipped < 0:
+            raise ValueError(f"LossScaler.load_state_dict: _skipped_steps must be an int >= 0, "
+                             f"got {skipped!r}")
+        return _state(float(scale), tracker, skipped, device)
+
+
+def _state(scale, tracker, skipped, device) -> dict[str, torch.Tensor]:
+    return {"scale": torch.full((), scale, dtype=torch.float32, device=device),
+            "growth_tracker": torch.full((), tracker, dtype=torch.int32, device=device),
+            "skipped": torch.full((), skipped, dtype=torch.int32, device=device)}
 
 
 def _host(value):
