@@ -16,7 +16,7 @@ import xla_amp  # noqa: E402
 import xla_amp.privateuse1  # noqa: E402
 
 from tests.support import standin_tpu  # noqa: E402
-from tests.support.attention_reference import reference  # noqa: E402
+from tests.support.attention_reference import case, reference  # noqa: E402
 
 MATMULS = {"aten::bmm", "aten::mm", "aten::baddbmm", "aten::addmm", "aten::_safe_softmax",
            "aten::_softmax", "aten::_softmax_backward_data"}
@@ -39,20 +39,9 @@ standin_tpu._run_on_cpu = _logged
 out = {"kernels": xla_amp.privateuse1.kernels(), "autograd": AUTOGRAD, "runs": {}}
 for policy in ("tpu", "cuda"):
     for form in ("causal", "bool_mask", "additive_mask", "gqa"):
-        torch.manual_seed(0)
-        heads_kv = 2 if form == "gqa" else 4
-        cpu = [torch.randn(2, 4, 8, 16), torch.randn(2, heads_kv, 8, 16),
-               torch.randn(2, heads_kv, 8, 16)]
-        kw, ref = {}, {}
-        if form == "causal":
-            kw = ref = {"is_causal": True}
-        elif form == "gqa":
-            kw, ref = {"enable_gqa": True}, {"gqa": True}
-        else:
-            mask = torch.rand(8, 8) > 0.3 if form == "bool_mask" else torch.randn(8, 8)
-            if form == "bool_mask":
-                mask[:, 0] = True
-            kw, ref = {"attn_mask": standin_tpu.to_device(mask)}, {"mask": mask}
+        *cpu, kw, ref = case(form, 8, 16)
+        if "attn_mask" in kw:
+            kw = {"attn_mask": standin_tpu.to_device(kw["attn_mask"])}
         q, k, v = (standin_tpu.to_device(t).requires_grad_(AUTOGRAD) for t in cpu)
         seen.clear()
         with xla_amp.autocast("tpu", policy=policy):

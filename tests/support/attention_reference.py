@@ -4,6 +4,7 @@ scaled_dot_product_attention is compared with under a policy that casts it
 states the rule). Plain tensors in, no autocast: call it outside any region.
 
     reference(q, k, v, low, mask=None, is_causal=False, scale=None, gqa=False)
+    case(form, length, dim) -> q, k, v, SDPA kwargs, reference kwargs (CPU)
 """
 from __future__ import annotations
 
@@ -35,3 +36,24 @@ def reference(q, k, v, low, mask=None, is_causal=False, scale=None, gqa=False):
     probs = torch.softmax(scores, dim=-1)
     probs = torch.nan_to_num(probs, nan=0.0)  # a row with every key masked: zeros
     return probs.to(low) @ v
+
+
+def case(form: str, length: int, dim: int):
+    """(q, k, v, SDPA's keyword arguments, `reference`'s) of one mask form
+    ("causal", "bool_mask", "additive_mask", "gqa"), all on the CPU: 4 query
+    heads, 2 key/value heads under "gqa"; a boolean mask keeps every row's
+    first key (no row fully masked)."""
+    torch.manual_seed(0)
+    heads_kv = 2 if form == "gqa" else 4
+    qkv = [torch.randn(2, 4, length, dim), torch.randn(2, heads_kv, length, dim),
+           torch.randn(2, heads_kv, length, dim)]
+    if form == "causal":
+        return (*qkv, {"is_causal": True}, {"is_causal": True})
+    if form == "gqa":
+        return (*qkv, {"enable_gqa": True}, {"gqa": True})
+    if form == "bool_mask":
+        mask = torch.rand(length, length) > 0.3
+        mask[:, 0] = True
+    else:
+        mask = torch.randn(length, length)
+    return (*qkv, {"attn_mask": mask}, {"mask": mask})

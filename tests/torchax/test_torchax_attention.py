@@ -175,21 +175,10 @@ def test_values_equal_the_hand_written_control(form):
     """Against tests/support/attention_reference.py run on torchax too, no
     region (the same backend: bit for bit, or one bf16 ulp where XLA fuses
     otherwise)."""
-    from tests.support.attention_reference import reference
-    torch.manual_seed(0)
-    heads_kv = 2 if form == "gqa" else 4
-    cpu = [torch.randn(2, 4, 16, 8), torch.randn(2, heads_kv, 16, 8),
-           torch.randn(2, heads_kv, 16, 8)]
-    kw, ref = {}, {}
-    if form == "causal":
-        kw = ref = {"is_causal": True}
-    elif form == "gqa":
-        kw, ref = {"enable_gqa": True}, {"gqa": True}
-    else:
-        mask = torch.rand(16, 16) > 0.3 if form == "bool_mask" else torch.randn(16, 16)
-        if form == "bool_mask":
-            mask[:, 0] = True
-        mask = helpers_torchax.to_jax([mask])[0]
+    from tests.support.attention_reference import case, reference
+    *cpu, kw, ref = case(form, 16, 8)
+    if "attn_mask" in kw:
+        mask = helpers_torchax.to_jax([kw["attn_mask"]])[0]
         kw, ref = {"attn_mask": mask}, {"mask": mask}
     q, k, v = helpers_torchax.to_jax(cpu)
     with helpers_torchax.ENV:
