@@ -1,4 +1,5 @@
 """The benchmarks, run as scripts (``python benchmarks/NAME.py``, each
-finding its neighbours in its own folder); a package so that tests import
-what they share with them (``from benchmarks.lm import corpus``,
-``from benchmarks import _harness``) through the checkout on the path."""
+finding its neighbours in its own folder) or as modules (``python -m
+benchmarks.NAME``). The models and data they share with the tests live in
+tests/support/ (``from tests.support.byte_lm import corpus``), imported
+through the checkout on the path."""

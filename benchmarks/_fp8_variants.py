@@ -73,7 +73,7 @@ def _build(model: str, shapes: dict, n_batches: int):
         xs = [torch.randn(shapes["tokens"], d, generator=g) for _ in range(n_batches)]
         return net, [(x, torch.tanh(x @ teacher)) for x in xs], \
             lambda out, y: F.mse_loss(out.float(), y)
-    from benchmarks._gpt import GPT, lm_loss
+    from tests.support.gpt_model import GPT, lm_loss
     net = GPT(shapes["vocab"], shapes["seq"], shapes["d"], shapes["heads"], shapes["layers"],
               tied=True)
     toks = [torch.randint(0, shapes["vocab"], (shapes["batch"], shapes["seq"] + 1), generator=g)

@@ -1,7 +1,6 @@
 """What the benchmarks share: interleaved rounds, medians, XLA metric counts,
 markdown tables and worker subprocesses. Each benchmark keeps only its own
-measurement. Imported as this folder's sibling (``import _harness``), like
-benchmarks/lm.py.
+measurement. Imported as this folder's sibling (``import _harness``).
 
 The rules it keeps:
 

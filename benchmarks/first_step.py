@@ -4,7 +4,7 @@ starts).
 
     PJRT_DEVICE=CPU .venv/bin/python -P benchmarks/first_step.py [--model resnet18] [--rounds 3]
 
-Paths (a real model from benchmarks/zoo.py, SGD with momentum 0.9, bf16
+Paths (a real model from tests/support/zoo_models.py, SGD with momentum 0.9, bf16
 autocast under the tpu rules, dynamic loss scaling):
 
   xla_amp     xla_amp.syncfree.SGD + xla_amp.GradScaler
@@ -35,7 +35,7 @@ def _worker(path: str, model_name: str, steps: int, batch: int, image: int) -> d
     import torch_xla
 
     import xla_amp
-    import zoo
+    from tests.support import zoo_models as zoo
 
     dev = torch_xla.device()
     cpu_model, x, y = zoo.build(model_name, batch, image)

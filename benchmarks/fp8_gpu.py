@@ -6,7 +6,7 @@
 Models:
   mlp    4 residual blocks of Linear(4096 -> 16384) -> GELU -> Linear(16384 ->
          4096) over 8192 tokens, MSE against a fixed random teacher
-  gpt2   GPT-2 small (benchmarks/_gpt.py: 12 x 768, 12 heads, vocab 50257,
+  gpt2   GPT-2 small (tests/support/gpt_model.py: 12 x 768, 12 heads, vocab 50257,
          seq 1024, batch 8) with its MLPs (c_fc, mlp_proj) in fp8
 Variants, from the same weights on the same batches: ``bf16`` (policy tpu)
 and ``fp8`` (the same with xla_amp.fp8.convert, delayed scaling, as

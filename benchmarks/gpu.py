@@ -4,7 +4,7 @@
                              [--flag-sets "A;B"]       (XLA_FLAGS sets to try)
                              [--unfused-attention] [--only fp16,bf16,compile-amp]
 
-The LM (benchmarks/_gpt.py: 6 layers x 768, 12 heads, vocab 8192, seq 512,
+The LM (tests/support/gpt_model.py: 6 layers x 768, 12 heads, vocab 8192, seq 512,
 batch 16; AdamW 1e-3; one initialisation, the same batches) trained by:
 
   torchax worker (xla_amp.torchax.make_train_step on JAX's backend)
@@ -72,7 +72,7 @@ def batches(args, n: int = 4):
 
 def model(args):
     import torch
-    from benchmarks._gpt import GPT
+    from tests.support.gpt_model import GPT
     torch.manual_seed(0)
     s = _shapes(args)
     return GPT(s["vocab"], s["seq"], s["d"], s["heads"], s["layers"], tied=True)
@@ -107,7 +107,7 @@ def torchax_runner(name: str, args) -> tuple[Runner, dict]:
     import jax
     import optax
     import xla_amp.torchax as xt
-    from benchmarks._gpt import lm_loss
+    from tests.support.gpt_model import lm_loss
     options = {"fp16": dict(policy="cuda", scaler=xt.LossScaler()),
                "bf16": dict(policy="tpu"), "f32-default": dict(enabled=False),
                "f32-highest": dict(enabled=False)}[name]
@@ -132,7 +132,7 @@ def torchax_runner(name: str, args) -> tuple[Runner, dict]:
 
 def native_runner(name: str, args) -> tuple[Runner, dict]:
     import torch
-    from benchmarks._gpt import lm_loss
+    from tests.support.gpt_model import lm_loss
     cuda = torch.cuda.is_available()
     dev = "cuda" if cuda else "cpu"
     if cuda:

@@ -7,7 +7,7 @@ vs a plain xla_amp loop, side by side in one run.
 
 One model for all: GPT-2 from a small config (2 layers, d=128, 4 heads,
 context 128, a byte vocabulary, dropout off), batch 8 of windows of the
-Python standard library's sources (benchmarks/lm.py), AdamW at lr 1e-3, no
+Python standard library's sources (tests/support/byte_lm.py), AdamW at lr 1e-3, no
 gradient clipping. Rows, per framework:
 
   plain     xla_amp.autocast + (fp16: xla_amp.GradScaler) + syncfree.AdamW,
@@ -50,7 +50,7 @@ FRAMEWORKS = ("lightning", "accelerate", "transformers")
 def model_and_batches(steps: int):
     import torch
     import transformers
-    from lm import corpus
+    from tests.support.byte_lm import corpus
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=256, n_positions=CTX, n_embd=128, n_layer=2,
                                      n_head=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)

@@ -3,7 +3,7 @@
     PJRT_DEVICE=CPU .venv/bin/python benchmarks/memory.py [--models resnet18,lm]
 
 Per model (torchvision ResNet-18 at 32x32, batch 16; the language model of
-benchmarks/lm.py) and mode (fp32, amp, bf16, bf16_master, bf16_sr with
+tests/support/byte_lm.py) and mode (fp32, amp, bf16, bf16_master, bf16_sr with
 fp32 state, bf16_sr with state_dtype=bf16), in a process of its own:
 
   state bytes   parameters + gradients + optimizer state (masters included),
@@ -48,7 +48,7 @@ def worker(model_name: str, mode: str, steps: int) -> dict:
     import torch.nn.functional as F
     import torch_xla
 
-    import lm
+    from tests.support import byte_lm as lm
     import xla_amp
 
     dev = torch_xla.device()

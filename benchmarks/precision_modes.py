@@ -4,7 +4,7 @@
 
 Text: the Python standard library's own source files (sorted, the first
 ``--chars`` bytes; nothing downloaded), byte-level (256 symbols), the last
-10 % held out. Model: benchmarks/lm.py's 2-layer causal transformer (d=128,
+10 % held out. Model: tests/support/byte_lm.py's 2-layer causal transformer (d=128,
 4 heads, context 64, pre-norm), AdamW(lr 3e-3, cosine decay to 0, weight
 decay 0.01) from the same initial weights and the same batches in every
 mode:
@@ -27,7 +27,7 @@ import math
 import os
 
 from _harness import markdown_table, print_result, run_worker  # this folder's
-from lm import MODES
+from tests.support.byte_lm import MODES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,7 +38,7 @@ def worker(mode: str, args) -> dict:
     import torch.nn.functional as F
     import torch_xla
 
-    import lm  # this folder's
+    from tests.support import byte_lm as lm
     import xla_amp
 
     dev = torch_xla.device()

@@ -5,7 +5,7 @@
         --devices 2 --mode master [--steps 20] [--inject 6] [--save-at 10 --ckpt DIR] [--load DIR]
 
 Benchmark (default): for each N, one process trains the model
-(benchmarks/sharded_workload.py) under FSDPv2 in every mode -- fp32, amp,
+(tests/support/sharded_workload.py) under FSDPv2 in every mode -- fp32, amp,
 master (bf16 + fp32 master), sr (bf16 + stochastic rounding, bf16 state)
 -- and reports per-device bytes of parameters + gradients + optimizer
 state, counted from each tensor's shard (its XLA sharding), and the step
@@ -31,7 +31,7 @@ import shutil
 import subprocess
 import sys
 
-import sharded_workload as wl  # noqa: E402  (this folder's: a script's own folder is on its path)
+from tests.support import sharded_workload as wl  # noqa: E402  (the checkout is importable)
 
 
 def _digest(tensors) -> str:

@@ -21,7 +21,7 @@ import os
 import re
 import tempfile
 
-import sharded_workload as wl
+from tests.support import sharded_workload as wl
 
 _TILES = re.compile(r"devices=\[([0-9,]+)\]")
 

@@ -57,7 +57,7 @@ import torch_xla.debug.metrics as met  # noqa: E402
 import xla_amp  # noqa: E402
 import xla_amp.torchax as xt  # noqa: E402
 from benchmarks import _harness as H, _hlo  # noqa: E402  (the checkout is importable)
-from benchmarks._gpt import GPT, lm_loss  # noqa: E402
+from tests.support.gpt_model import GPT, lm_loss  # noqa: E402
 
 PATHS = ("torch_xla", "torchax", "jax")
 LABELS = {"torch_xla": "xla_amp on torch_xla (autocast tpu, bf16)",

@@ -23,7 +23,7 @@ STEPS = 200
 def train(device, recipe, steps=STEPS) -> dict:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from benchmarks.lm import corpus
+    from tests.support.byte_lm import corpus
     src = corpus(200_000)
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256,

@@ -1,13 +1,13 @@
 """xla_amp.integrations.transformers.XLAAMPTrainer: the Transformers
 Trainer's --bf16 / --fp16 on XLA:CPU through xla_amp, on a small GPT-2
-trained 20 steps on the Python standard library's own sources (benchmarks/
+trained 20 steps on the Python standard library's own sources (tests/support/
 lm.py's corpus: shipped with Python, nothing downloaded)."""
 
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-from benchmarks.lm import corpus  # noqa: E402
+from tests.support.byte_lm import corpus  # noqa: E402
 from tests.support.integrations import close, xla_env_vars  # noqa: E402
 import xla_amp  # noqa: E402
 from xla_amp import syncfree  # noqa: E402

@@ -3,7 +3,7 @@ larger than the input (a 3x3 kernel over a 2x2 map: ResNet's last stage at
 64 px) and then cannot run the swapped form -- a window with
 ``rhs_reversal`` -- through Eigen: its naive loop took 0.47 s for a
 [8, 512, 2, 2] x [512, 512, 3, 3] convolution that takes 0.02 s over a 3x3
-map (backend level 0, the tests' flags). benchmarks/zoo.py's fitting_image
+map (backend level 0, the tests' flags). tests/support/zoo_models.py's fitting_image
 sizes the zoo's images so that no dense convolution meets it
 (docs/upstream/xla_cpu_conv_operand_swap.md). Pinned: fails once XLA keeps
 the operands (then fitting_image can go)."""
@@ -20,7 +20,7 @@ from tests.support.launch import ROOT, launch_env
 # at 64 px and at its fitting size, each compiled with its optimized HLO dumped.
 _RUN = """
 import json, torch, torch_xla, torch.nn as nn
-import zoo
+from tests.support import zoo_models as zoo
 def net(groups=1):  # 64 px -> a 2x2 map under a 3x3 kernel; 96 px -> 3x3
     return nn.Sequential(nn.Conv2d(3, 8, 1), nn.AvgPool2d(32),
                          nn.Conv2d(8, 8, 3, padding=1, groups=groups))
@@ -43,8 +43,7 @@ def test_xla_cpu_swaps_the_operands_of_a_kernel_larger_than_its_input(tmp_path):
     either way) and refuses a map no size grows. The optimized HLO of that
     convolution at 64 px has a reversed 2x2 window (the input became the
     kernel), and at 96 px the 3x3 window, padded, as written."""
-    env = launch_env(PYTHONPATH=os.path.join(ROOT, "benchmarks"),
-                     XLA_FLAGS=f"--xla_dump_to={tmp_path} --xla_dump_hlo_as_text "
+    env = launch_env(XLA_FLAGS=f"--xla_dump_to={tmp_path} --xla_dump_hlo_as_text "
                      "--xla_backend_optimization_level=0")
     proc = subprocess.run([sys.executable, "-c", _RUN], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=180)

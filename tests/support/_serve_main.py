@@ -4,7 +4,7 @@ strings) runs its ``main(argv)``; what main prints goes to stdout, followed
 by one line: served.END + {"rc": 0} or {"rc": 1, "error": "..."} (the
 traceback goes to stderr). Ends when stdin closes.
 
-    python -m tests.support._serve_main zoo    # with benchmarks/ on PYTHONPATH
+    python -m tests.support._serve_main tests.support.zoo_check
 
 The imports are frozen out of the garbage collector's scans and young
 passes come less often (tests/support/quiet_gc.py): the lazy trace of a

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import re
 
-from benchmarks import _gpt
+from tests.support import gpt_model
 
 
-class Block(_gpt.Block):
-    """benchmarks/_gpt.py's pre-LN transformer block, 32 wide, 2 heads: 4
+class Block(gpt_model.Block):
+    """tests/support/gpt_model.py's pre-LN transformer block, 32 wide, 2 heads: 4
     Linear layers, 12 matmuls in a training step (forward and both gradients)."""
 
     def __init__(self, d=32, heads=2):

@@ -5,7 +5,7 @@ lists instead, and the process keeps its imports, its Dynamo machinery and
 its warmed caches between them. What each call prints is what the script
 would have printed as a process of its own.
 
-    zoo = served("zoo", env)                  # benchmarks/zoo.py's main()
+    zoo = served("tests.support.zoo_check", env)    # its main()
     out = zoo.call(["--check", "--models", "resnet18"], timeout=600)
 
 A call that raises, or a process that dies or runs past `timeout`, raises

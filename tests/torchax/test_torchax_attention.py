@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import tests.support.torchax_env as helpers_torchax
-from benchmarks._gpt import GPT, lm_loss
+from tests.support.gpt_model import GPT, lm_loss
 
 import xla_amp.torchax as xt
 from xla_amp import policies
@@ -105,7 +105,7 @@ def test_on_by_default_on_a_gpu_backend_only():
 
 
 def test_a_trained_lm_takes_it_forward_and_backward(calls):
-    """GPT (benchmarks/_gpt.py: causal SDPA), bf16 under the tpu rules, 3
+    """GPT (tests/support/gpt_model.py: causal SDPA), bf16 under the tpu rules, 3
     AdamW steps: fused and torchax's lowering give the same losses."""
     def losses(fused):
         torch.manual_seed(0)

@@ -3,8 +3,8 @@ torch.compile(backend="openxla"), backward after it), under no autocast and
 the tpu and cpu rules; run as a script, or by the test worker's served
 process (tests/support/served.py), one per XLA_FLAGS setting:
 
-    PYTHONPATH=benchmarks python tests/zoo/_compiled_models_run.py resnet18 tpu   # one JSON line
-    PYTHONPATH=benchmarks python tests/zoo/_compiled_models_run.py resnet18 cuda rules
+    python -m tests.zoo._compiled_models_run resnet18 tpu   # one JSON line
+    python -m tests.zoo._compiled_models_run resnet18 cuda rules
 
 ("none": no autocast; "rules": the model's RULES installed with
 xla_amp.module_policies). The line holds the loss of both runs, their dtypes,
@@ -48,8 +48,8 @@ def build(name):
         x, y = torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))
         torch.manual_seed(1)
         return mnist_cnn(), x, y
-    import zoo  # benchmarks/zoo.py's builders (PYTHONPATH=benchmarks; tests set it)
-    return zoo.build(name, batch=2, image=32)
+    from tests.support.zoo_models import build as zoo_build
+    return zoo_build(name, batch=2, image=32)
 
 
 def loss_and_grads(name, policy, compiled, cut=False, rules=False):

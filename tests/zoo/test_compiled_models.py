@@ -16,7 +16,7 @@ import json
 import pytest
 
 from tests.support.served import served
-from tests.zoo.test_zoo import served_env  # benchmarks/ (zoo.py's model builders) importable
+from tests.zoo.test_zoo import served_env
 # The MNIST CNN with BatchNorm, torchvision's ResNet-18 on 32x32 images, a
 # transformer encoder layer (attention, LayerNorm) over 16 tokens.
 MODELS = ["mnist_cnn", "resnet18", "transformer_layer"]

@@ -1,4 +1,4 @@
-"""Real models train under every policy (benchmarks/zoo.py --check): no
+"""Real models train under every policy (tests/support/zoo_check.py): no
 error, finite losses within 1 % of PyTorch's own float32 run's, 1 graph
 execution and 0 device-to-host transfers per step.
 
@@ -30,13 +30,13 @@ XLA's backend optimisation off and XLA:CPU's elemental emitters
 policy are the same, compilation takes a fraction of the time
 (DenseNet-121's step takes minutes to compile otherwise on 2 cores). The
 images are 64 px, or 96 where a dense convolution's kernel would be larger
-than its map at 64 (the ResNets: benchmarks/zoo.py's fitting_image), which
+than its map at 64 (the ResNets: tests/support/zoo_models.py's
+fitting_image), which
 XLA:CPU runs 6-20x slower (docs/upstream/xla_cpu_conv_operand_swap.md).
 """
 import functools
 import json
 import math
-import os
 import subprocess
 import sys
 
@@ -45,7 +45,6 @@ import pytest
 from tests.support.launch import ROOT, launch_env
 from tests.support.served import served
 
-BENCHMARKS = os.path.join(ROOT, "benchmarks")
 BF16 = ["tpu", "cuda", "cpu"]
 FULL = ["resnet18", "resnet50", "mobilenet_v3_small", "efficientnet_b0", "convnext_tiny",
         "densenet121", "regnet_y_400mf", "shufflenet_v2_x0_5", "vit_b_16", "transformer_layer"]
@@ -54,25 +53,25 @@ LARGE = ["densenet121"]
 
 def served_env(**env_vars) -> dict:
     """The launchers' environment (FAST_COMPILE unless `env_vars` say
-    otherwise) with benchmarks/ importable and a few executables cached: a
-    served process compiles many models one after another."""
-    return launch_env(PYTHONPATH=BENCHMARKS, XLA_COMPILATION_CACHE_SIZE="16", **env_vars)
+    otherwise) with a few executables cached: a served process compiles many
+    models one after another."""
+    return launch_env(XLA_COMPILATION_CACHE_SIZE="16", **env_vars)
 
 
 def sweep(model, variants, *extra, timeout=1500, own_process=False):
-    """benchmarks/zoo.py --check's rows for `model` under `variants`, by
+    """tests/support/zoo_check.py's rows for `model` under `variants`, by
     variant: "eager_cpu" (PyTorch's own float32 run and bf16 deviation, the
     reference) first. Run by this worker's served zoo process
     (tests/support/served.py), or by a process of its own."""
     argv = ["--check", "--models", model, "--policies", ",".join(variants), *map(str, extra)]
     if own_process:
-        proc = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "zoo.py"), *argv],
+        proc = subprocess.run([sys.executable, "-m", "tests.support.zoo_check", *argv],
                               capture_output=True, text=True, env=served_env(), timeout=timeout,
                               cwd=ROOT)
         assert proc.returncode == 0, proc.stderr[-3000:]
         out = proc.stdout
     else:
-        out = served("zoo", served_env()).call(argv, timeout=timeout)
+        out = served("tests.support.zoo_check", served_env()).call(argv, timeout=timeout)
     rows = {r["variant"]: r for r in map(json.loads, out.splitlines())}
     assert list(rows) == ["eager_cpu", *variants], out
     return rows

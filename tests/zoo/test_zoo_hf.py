@@ -1,7 +1,7 @@
-"""Hugging Face Transformers and timm models (benchmarks/zoo_hf.py: GPT-2,
+"""Hugging Face Transformers and timm models (tests/support/zoo_hf.py: GPT-2,
 Llama, Mistral, BERT, T5; ViT, EfficientNet-B0, ConvNeXt, ResNet-D, small
 configs, random init, dropout off) train under every policy, lazy, and
-compiled under one of them: benchmarks/zoo.py --check, a call per model to
+compiled under one of them: tests/support/zoo_check.py, a call per model to
 the test worker's served zoo process, as tests/zoo/test_zoo.py (whose
 checks these reuse). `make zoo` only.
 
@@ -108,7 +108,7 @@ def test_openxla_output_order_defect_behind_the_bert_workaround(device):
     off -- here tanh's [2, 8] output instead of the Linear's [2, 4]. In
     BertForSequenceClassification (pooler tanh, dropout, classifier) the
     compiled `.loss` came back as the logits and the backward failed ("grad
-    can be implicitly created only for scalar outputs"); benchmarks/zoo_hf.py
+    can be implicitly created only for scalar outputs"); tests/support/zoo_hf.py
     swaps that dropout for nn.Identity. Fails once the defect is fixed:
     then drop the workaround."""
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""The GPT-2-shaped LM the benchmarks train, written once as an nn.Module
+"""The GPT-2-shaped LM the benchmarks and tests train, written once as an nn.Module
 (torch only: imported by torch_xla, torchax and native-CUDA workers alike).
 
 GPT-2's layout: wte + wpe, pre-LN blocks (causal

@@ -68,7 +68,7 @@ def image_size(name: str) -> int:
     which XLA:CPU swaps and runs in its naive loop
     (docs/upstream/xla_cpu_conv_operand_swap.md): the one-device amp run took
     23.6 s at 32 px and 20.7 s at 96, the 2d-4 master run 51.8 s and 43.2."""
-    from zoo import fitting_image  # this folder's
+    from tests.support.zoo_models import fitting_image
     with torch.random.fork_rng():
         return fitting_image(lambda size: build_model(name), IMAGE)
 

@@ -1,7 +1,8 @@
-"""Hugging Face Transformers and timm models for benchmarks/zoo.py: small
-configs, random init, nothing downloaded (configs only; the machine may be
-offline). Dropout is off in every model: a compiled run draws other random
-numbers than a lazy one, and the sweep compares the two.
+"""Hugging Face Transformers and timm models for the model zoo
+(tests/support/zoo_models.py): small configs, random init, nothing
+downloaded (configs only; the machine may be offline). Dropout is off in
+every model: a compiled run draws other random numbers than a lazy one, and
+the sweep compares the two.
 
 - ``hf_gpt2``, ``hf_llama``, ``hf_mistral``: causal LMs (``*ForCausalLM``),
   the loss the model computes from ``labels`` (its own shift and upcast);
@@ -13,7 +14,7 @@ numbers than a lazy one, and the sweep compares the two.
 
 The language models take ``batch`` sequences of 32 tokens over a vocabulary
 of 1000, with 2 layers of width 64; the image models ``batch`` images of
-``image`` x ``image``. Imported by zoo.py as its sibling (``import zoo_hf``).
+``image`` x ``image``.
 """
 from __future__ import annotations
 
