@@ -161,7 +161,7 @@ def test_the_checkpoint_records_how_it_was_trained(ckpt):
 def test_spmd_load_planner_loads_other_sizes_and_dtypes_silently_upstream_gap():
     """Pinned upstream gap (torch_xla 2.9): SPMDLoadPlanner never compares a
     sharded tensor's size or dtype with the checkpoint's. When `upstream`
-    starts refusing, the comparison in _checkpoint_checks can go; ours
+    starts refusing, the comparison in _sharded_checks can go; ours
     must refuse all three today."""
     proc = subprocess.run([sys.executable, os.path.join(HERE, "_dcp_load_truncation.py")],
                           capture_output=True, text=True, timeout=600)

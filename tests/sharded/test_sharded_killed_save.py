@@ -150,13 +150,15 @@ def test_kills_at_seeded_byte_offsets_of_the_data_file_and_of_metadata(trial, de
         assert os.path.getsize(os.path.join(path, partial[0], name)) == offset
         assert ".metadata" not in os.listdir(os.path.join(path, partial[0]))
         check(path, kept, device, (name, offset))
-        # a save killed while it removes that leftover (operation 1 makes
-        # the path, 2 starts the removal, then one per file, then the folder)
-        k = rng.randrange(2, 4 + len(os.listdir(os.path.join(path, partial[0]))))
+        # a save killed while it removes that leftover (operations 1 and 2
+        # take the lock: its folder made, its holder written; 3 makes the
+        # path, 4 starts the removal, then one per file, then the folder)
+        k = rng.randrange(4, 6 + len(os.listdir(os.path.join(path, partial[0]))))
         log = tmp_path / f"cleanup-{i}.jsonl"
         out = trial(path, 30 + i, ["event", k], log)
         assert out["signal"] == signal.SIGKILL, out
-        assert read_log(log)[1][:2] == ["shutil.rmtree", os.path.join(path, partial[0])]
+        assert read_log(log)[1][:2] == ["open", path + ".lock"]
+        assert read_log(log)[3][:2] == ["shutil.rmtree", os.path.join(path, partial[0])]
         check(path, kept, device, ("cleanup", k))
         kept = [save(path, 20 + i, device), kept[0]]  # the next save: whole, and cleans up
         check_clean(path)

@@ -17,7 +17,7 @@ from tests.sharded._old_format import save_old_format
 from tests.sharded._sharded_saves import build, fresh, loaded, same, snapshot
 from xla_amp import sharded
 from xla_amp.checkpoint import CheckpointError
-from xla_amp.sharded import _safe_metadata
+from xla_amp.checkpoint import _sharded_metadata as _safe_metadata
 
 pytestmark = pytest.mark.sharded
 MANIFEST = "xla_amp_sharded_versions.json"
@@ -206,7 +206,7 @@ def test_two_processes_write_their_own_files_and_checksums_and_rank_0_publishes(
     import sys
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import DefaultLoadPlanner
-    from xla_amp.sharded import _checkpoint_record, _checksums
+    from xla_amp.checkpoint import _record, _sharded_checksums as _checksums
 
     path, out = str(tmp_path / "ckpt"), tmp_path
     with socket.socket() as s:
@@ -232,7 +232,7 @@ def test_two_processes_write_their_own_files_and_checksums_and_rank_0_publishes(
         assert same(got, want), where
     where = sharded.versions(path)[0]
     metadata = _safe_metadata.read_metadata(where, "test")
-    sums = _checksums.expected(where, _checkpoint_record.read(where, "test"), "test")
+    sums = _checksums.expected(where, _record.read_sharded(where, "test"), "test")
     planner = DefaultLoadPlanner()
     planner.set_up_planner(got, metadata, True)
     reads = planner.create_local_plan().items

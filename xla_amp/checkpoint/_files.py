@@ -45,7 +45,9 @@ class _RecordingWriter(io.RawIOBase):
             raise
 
 
-def _fsync_dir(directory: str) -> None:
+def fsync_dir(directory: str) -> None:
+    """Make `directory`'s entries durable (a no-op where the file system
+    cannot sync a directory)."""
     fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         os.fsync(fd)
@@ -83,7 +85,7 @@ def set_aside(path: str, reason: str = "damaged") -> str:
         target = f"{path}.{reason}.{n}"
     try:
         os.rename(path, target)
-        _fsync_dir(os.path.dirname(path))
+        fsync_dir(os.path.dirname(path))
     except OSError as e:
         raise CheckpointError(f"cannot move checkpoint {path} aside to {target}: "
                               f"{os_reason(e)}") from None
@@ -101,13 +103,19 @@ def _rotate(path: str, keep: int) -> None:
     first = older(path, 1)
     if os.path.exists(first):
         os.remove(first)
+    link_or_copy(path, first)
+
+
+def link_or_copy(source: str, target: str) -> None:
+    """`target` as a hard link to `source`: no copy, and `source` stays; a
+    copy where the file system has no hard links (object-store mounts)."""
     try:
-        os.link(path, first)
-    except OSError as e:  # no hard links here (object-store mounts): copy
+        os.link(source, target)
+    except OSError as e:
         if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
             raise
         import shutil
-        shutil.copyfile(path, first)
+        shutil.copy2(source, target)
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
@@ -134,11 +142,11 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
                 raise
             f.flush()
             os.fsync(f.fileno())
-        _fsync_dir(directory)
+        fsync_dir(directory)
         _rotate(path, keep)
         os.replace(tmp, path)
         tmp = None
-        _fsync_dir(directory)
+        fsync_dir(directory)
     except OSError as e:
         raise CheckpointError(f"cannot write checkpoint {path}: {os_reason(e)}") from None
     finally:
@@ -147,6 +155,15 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
                 os.remove(tmp)
             except OSError:
                 pass
+
+
+def write_json(file: str | os.PathLike, data) -> None:
+    """`data` as JSON in `file`, through :func:`write_atomic` (temporary file,
+    fsync, rename, directory fsync). Every JSON file of a sharded
+    checkpoint is written so."""
+    import json
+    text = json.dumps(data, indent=1) + "\n"
+    write_atomic(file, lambda f: f.write(text.encode()))
 
 
 def remove_stale_temporaries(path: str | os.PathLike) -> list[str]:

@@ -15,6 +15,26 @@ knowingly (``_convert.py``) instead of letting ``copy_`` round silently.
 
 Everything is read off the objects themselves (never off flags), so a new
 option of theirs shows in the record where it changes a dtype.
+
+A sharded checkpoint keeps its record as plain JSON next to DCP's
+``.metadata``, in each version directory (``sharded_record``, FILE)::
+
+    {"format": "xla_amp.sharded checkpoint", "version": 1,
+     "versions": {"torch": ..., "torch_xla": ...},
+     "devices": 4, "processes": 1,
+     "mesh": {"shape": [2, 2], "axis_names": ["data", "fsdp"], "device_ids": [0, 1, 2, 3]},
+     "param_dtypes": {"torch.bfloat16": 10, "torch.float32": 4},
+     "precision": {ShardedPrecision's fields} | null,
+     "optimizer": {"class": "AdamW", "param_groups": [
+         {"master_weights": true, "stochastic_rounding": false, "state_dtype": null}]} | null,
+     "training": training_record(...)}     # since conversion; older ones lack it
+
+and, in a checkpoint that has checksums, ``"checksums": {"algorithm":
+"xxh3_64", ".metadata": {"size": ..., "segments": [...]}}``
+(_sharded_checksums.py). Reading it runs nothing. A sharded checkpoint
+without a record (an older ``save``, plain DCP) loads on the tensor checks
+alone; one without ``"training"`` loads into the precision mode it was
+saved in only (``check_precision``).
 """
 from __future__ import annotations
 
@@ -38,18 +58,23 @@ def mesh_record(mesh) -> Optional[dict]:
             "device_ids": [int(d) for d in mesh.device_ids]}
 
 
-# The param-group keys of xla_amp.syncfree's low-precision options (bf16
-# master weights, stochastic rounding, state dtype): here, in the core, so
-# that a checkpoint's record needs no engine.
-LOW_PRECISION_KEYS = ("master_weights", "stochastic_rounding", "state_dtype")
+def _optimizer_options() -> dict[str, Any]:
+    """The optimizer's low-precision options and their values in a group
+    without them, as xla_amp.syncfree defines them; none where it cannot be
+    imported (no torch_xla: no such optimizer exists)."""
+    try:
+        from xla_amp.syncfree._low_precision import DEFAULTS
+    except ImportError:
+        return {}
+    return DEFAULTS
 
 
 def group_options(group: dict) -> dict[str, Any]:
-    """A param group's low-precision options (LOW_PRECISION_KEYS), as plain
-    data; a group without them (torch.optim, a default group) has neither:
-    flags False, state_dtype None."""
-    return {k: dtype_name(group.get(k)) if k == "state_dtype" else bool(group.get(k, False))
-            for k in LOW_PRECISION_KEYS}
+    """A param group's low-precision options, as plain data; a group without
+    them (torch.optim, a default group) has their defaults: flags False,
+    state_dtype None."""
+    return {k: bool(group.get(k, d)) if isinstance(d, bool) else dtype_name(group.get(k, d))
+            for k, d in _optimizer_options().items()}
 
 
 def training_record(model: torch.nn.Module, optimizer=None, scaler=None, *,
@@ -79,7 +104,7 @@ def training_record(model: torch.nn.Module, optimizer=None, scaler=None, *,
         "optimizer_params": order,
         "groups": groups,
         "amp_dtype": dtype_name(amp_dtype),
-        "scaler": bool(scaler is not None and scaler.is_enabled()),
+        "scaler": bool(scaler is not None and getattr(scaler, "is_enabled", lambda: True)()),
         "mesh": mesh_record(mesh),
     }
 
@@ -129,10 +154,108 @@ def mode_name(record: dict) -> str:
     else:
         weights = "/".join(d.replace("bfloat16", "bf16").replace("float16", "fp16")
                            for d in low) + " weights"
-        if any(g["master_weights"] for g in record["groups"]):
+        if any(g.get("master_weights") for g in record["groups"]):
             weights += " + fp32 master"
-        elif any(g["stochastic_rounding"] for g in record["groups"]):
+        elif any(g.get("stochastic_rounding") for g in record["groups"]):
             weights += " + stochastic rounding"
     amp = record.get("amp_dtype")
     text = weights + (f", AMP {amp}" if amp else ", no autocast")
     return text + (" + GradScaler" if record.get("scaler") else "")
+
+
+FILE = "xla_amp_sharded.json"
+SHARDED_FORMAT = "xla_amp.sharded checkpoint"
+_FLAGS = ("master_weights", "stochastic_rounding")
+
+
+def _model_mesh(model):
+    """The mesh FSDPv2 was given, else the global mesh, else None (a model
+    annotated by hand on a mesh nobody registered)."""
+    mesh = getattr(model, "_mesh", None)
+    if mesh is None:
+        import torch_xla.distributed.spmd as xs
+        mesh = xs.get_global_mesh()
+    return mesh
+
+
+def _precision(model) -> Optional[dict[str, Any]]:
+    import dataclasses
+    p = getattr(model, "precision", None)
+    if p is None or not dataclasses.is_dataclass(p):
+        return None
+    out = {}
+    for f in dataclasses.fields(p):
+        v = getattr(p, f.name)
+        out[f.name] = ([c.__qualname__ for c in v] if f.name == "keep"
+                       else v if isinstance(v, (bool, str)) or v is None else str(v))
+    return out
+
+
+def sharded_record(model, optimizer, scaler=None, *, amp_dtype=None) -> dict[str, Any]:
+    """The record of a sharded save of `model`, `optimizer` and `scaler`
+    (None: not saved); `amp_dtype`: the autocast dtype of the run (the
+    ``shard_model`` wrapper's compute dtype when not given)."""
+    import torch_xla
+    import torch_xla.runtime as xr
+    precision = getattr(model, "precision", None)
+    if amp_dtype is None:
+        amp_dtype = getattr(precision, "compute_dtype", None)
+    mesh = _model_mesh(model)
+    training = training_record(model, optimizer, scaler, amp_dtype=amp_dtype, mesh=mesh)
+    dtypes: dict[str, int] = {}
+    for p in model.parameters():
+        dtypes[str(p.dtype)] = dtypes.get(str(p.dtype), 0) + 1
+    opt = None if optimizer is None else {
+        "class": training["optimizer"],
+        "param_groups": [{k: v for k, v in g.items() if k != "params"}
+                         for g in training["groups"]]}
+    return {"format": SHARDED_FORMAT, "version": 1,
+            "versions": {"torch": torch.__version__, "torch_xla": torch_xla.__version__},
+            "devices": xr.global_runtime_device_count(), "processes": xr.process_count(),
+            "mesh": training["mesh"], "param_dtypes": dict(sorted(dtypes.items())),
+            "precision": _precision(model), "optimizer": opt, "training": training}
+
+
+def read_sharded(path: str, who: str) -> Optional[dict[str, Any]]:
+    """The record of the sharded checkpoint in directory `path`; None when it
+    has none. ValueError (one line naming the file) for anything else."""
+    import json
+    import os
+    file = os.path.join(path, FILE)
+    if not os.path.isfile(file):
+        return None
+    try:
+        with open(file) as f:
+            record = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{who}: {file} was not loaded: {str(e).splitlines()[0]}") from None
+    if not isinstance(record, dict) or record.get("format") != SHARDED_FORMAT:
+        raise ValueError(f"{who}: {file} was not loaded: not an xla_amp.sharded record")
+    return record
+
+
+def _options_text(opts: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={bool(opts.get(k))}" for k in _FLAGS)
+
+
+def check_precision(record: Optional[dict[str, Any]], optimizer, path: str, who: str) -> None:
+    """ValueError naming both settings when the sharded checkpoint's optimizer
+    was built with other precision options than `optimizer` (a record
+    without ``"training"``, which cannot be converted)."""
+    saved = (record or {}).get("optimizer")
+    if optimizer is None or not isinstance(saved, dict):
+        return
+    groups = saved.get("param_groups")
+    if not isinstance(groups, list) or len(groups) != len(optimizer.param_groups):
+        n = len(groups) if isinstance(groups, list) else "?"
+        raise ValueError(f"{who}: the checkpoint in {path} has {n} param group(s), this "
+                         f"optimizer {len(optimizer.param_groups)}; nothing was loaded")
+    for gi, (then, group) in enumerate(zip(groups, optimizer.param_groups)):
+        now = group_options(group)
+        if not isinstance(then, dict) or any(bool(then.get(k)) != bool(now.get(k))
+                                             for k in _FLAGS):
+            then = then if isinstance(then, dict) else {}
+            raise ValueError(
+                f"{who}: the checkpoint in {path} was trained with {_options_text(then)} "
+                f"(param group {gi}), this optimizer has {_options_text(now)}; build the "
+                "optimizer with the checkpoint's options; nothing was loaded")

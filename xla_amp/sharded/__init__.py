@@ -11,13 +11,12 @@
     sharded.load(path, model=model, optimizer=optimizer, scaler=scaler)  # any mesh
     sharded.save(path, ..., keep=3); sharded.versions(path)   # the 3 newest, newest first
 
-``save`` writes a new version directory under `path` and publishes it by
-one rename (_versions), with checksums taken as it writes (_checksums).
-``load`` checks those checksums, then compares every key, shape and dtype
-and the precision options with the checkpoint before anything changes
-(_checkpoint_checks, _checkpoint_record), reads its files without running
-code from them (_safe_metadata); ``shard_model``, ``save`` and ``load`` refuse a launch
-whose process count is not the runtime's (_topology).
+``save`` / ``load`` / ``versions`` are the sharded format of
+``xla_amp.checkpoint`` (xla_amp/checkpoint/sharded.py: the path's lock, a
+new version published by one rename, checksums, the training record,
+data-only reading, every check before anything changes);
+``shard_model``, ``save`` and ``load`` refuse a launch whose process count
+is not the runtime's (_topology).
 
 ``ShardedPrecision.cast`` (called by ``shard_model``) also gives the modules
 that compute weight gradients a backward in ``reduce_dtype`` (_reduce.py).
@@ -27,6 +26,6 @@ from xla_amp.sharded._precision import ShardedPrecision
 from xla_amp.sharded._model import shard_model
 from xla_amp.sharded._state import check_sharding
 from xla_amp.sharded._checkpoint import load, save
-from xla_amp.sharded._versions import versions
+from xla_amp.checkpoint.sharded import versions
 
 __all__ = ["ShardedPrecision", "shard_model", "check_sharding", "save", "load", "versions"]

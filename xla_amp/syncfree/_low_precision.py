@@ -34,7 +34,6 @@ from typing import Any
 import torch
 
 from xla_amp._upload import upload
-from xla_amp.checkpoint._record import LOW_PRECISION_KEYS
 
 OPTIONS_DOC = """
     master_weights: for parameters that are not float32 (bf16 weights, see
@@ -55,7 +54,11 @@ OPTIONS_DOC = """
     sync-free guarantee: one graph per step, no transfer, a skipped step
     leaves parameters, masters and state bit-identical."""
 
-KEYS = LOW_PRECISION_KEYS  # defined with the checkpoint record, part of the core
+# The param-group keys of the low-precision options and their values in a
+# group built without them (a torch.optim optimizer's): what a checkpoint's
+# training record reads off each group (xla_amp/checkpoint/_record.py).
+DEFAULTS = {"master_weights": False, "stochastic_rounding": False, "state_dtype": None}
+KEYS = tuple(DEFAULTS)
 _MASTER = "master"
 _COUNTER = "sr_counter"
 _M32 = 0xFFFFFFFF

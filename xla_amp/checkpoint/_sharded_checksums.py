@@ -43,7 +43,8 @@ from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
 
 from xla_amp.checkpoint._checksum import ALGORITHM, hasher
 from xla_amp.checkpoint._errors import CheckpointDamaged
-from xla_amp.sharded._checkpoint_record import FILE as RECORD, write_json
+from xla_amp.checkpoint._files import write_json
+from xla_amp.checkpoint._record import FILE as RECORD
 
 SIDECAR = "checksums.json"   # __<rank>_checksums.json
 _METADATA_TMP = ".metadata.tmp"   # the name DCP's finish writes .metadata under

@@ -29,19 +29,28 @@ them whole; after it, the new one is whole. A directory holding
 it, then removes its files (``keep > 1``: hard-links them into ``v000000``
 first, which the manifest then names as the older version).
 
-One save at a time per path (as with DCP itself): the clean-up removes any
-directory no manifest names, a concurrent save's included.
+One save at a time per path: a save holds the path's lock (_lock) from
+``begin`` to ``publish``, so the clean-up never meets another save's
+directory. A load holds what it reads (:func:`reading`): a shared
+``flock`` on the version directory (on `path` itself for a checkpoint
+from before versions), taken, then checked to be still published; the
+clean-up removes a directory only under an exclusive ``flock`` of it, and
+leaves one being read to a later save.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import json
 import os
 import re
 import shutil
+import time
 
-from xla_amp.checkpoint._files import _fsync_dir, remove_stale_temporaries
-from xla_amp.sharded._checkpoint_record import FILE as RECORD, write_json
+from xla_amp.checkpoint._errors import CheckpointError
+from xla_amp.checkpoint._files import fsync_dir, link_or_copy, remove_stale_temporaries, write_json
+from xla_amp.checkpoint._record import FILE as RECORD
 
 MANIFEST = "xla_amp_sharded_versions.json"
 FORMAT = "xla_amp.sharded versions"
@@ -103,16 +112,73 @@ def resolve(path: str, who: str) -> str:
     return path if names is None else os.path.join(path, names[0])
 
 
+def _flock(directory: str, how: int) -> int | None:
+    """A descriptor of `directory` holding ``flock(how | LOCK_NB)``; None when
+    it is gone or another process holds a conflicting lock."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        fcntl.flock(fd, how | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return None
+        raise
+    return fd
+
+
+@contextlib.contextmanager
+def reading(path: str, who: str, tries: int = 200):
+    """The directory ``load(path)`` reads (:func:`resolve`), held against
+    removal for the block. A directory that is not there is yielded as it
+    is (the load refuses it); one that saves keep replacing for `tries`
+    attempts is refused in one line."""
+    for _ in range(tries):
+        where = resolve(path, who)
+        fd = _flock(where, fcntl.LOCK_SH)
+        if fd is None and not os.path.isdir(where) and resolve(path, who) == where:
+            yield where
+            return
+        if fd is not None:
+            try:
+                if resolve(path, who) == where:
+                    yield where
+                    return
+            finally:
+                os.close(fd)
+        time.sleep(0.01)   # a save is switching versions: read the next one
+    raise CheckpointError(f"{who}: {path}: its newest version was replaced {tries} times "
+                          "while it was opened (saves in progress); nothing was loaded")
+
+
 def _remove_unpublished(path: str) -> None:
+    """Remove what no manifest names, except what a load is reading."""
     names = published(path, "xla_amp.sharded.save")
     for name in os.listdir(path):
         full = os.path.join(path, name)
         if _NAME.match(name) and name not in (names or ()) and os.path.isdir(full):
-            shutil.rmtree(full)
-    if names is not None:
-        for name in reversed(_legacy(path)):   # .metadata first: no longer a checkpoint
-            os.remove(os.path.join(path, name))
+            fd = _flock(full, fcntl.LOCK_EX)
+            if fd is not None:     # else a load reads it: left to a later save
+                try:
+                    shutil.rmtree(full)
+                finally:
+                    os.close(fd)
+    if names is not None and _legacy(path):
+        fd = _flock(path, fcntl.LOCK_EX)
+        if fd is not None:
+            try:
+                for name in reversed(_legacy(path)):   # .metadata first: no longer a checkpoint
+                    os.remove(os.path.join(path, name))
+            finally:
+                os.close(fd)
     remove_stale_temporaries(os.path.join(path, MANIFEST))
+
+
+def write_record(path: str, record: dict) -> None:
+    """`record` as the record file of the version directory `path`."""
+    write_json(os.path.join(path, RECORD), record)
 
 
 def _adopt(path: str) -> str:
@@ -122,13 +188,8 @@ def _adopt(path: str) -> str:
     target = os.path.join(path, name)
     os.mkdir(target)
     for n in _legacy(path):
-        try:
-            os.link(os.path.join(path, n), os.path.join(target, n))
-        except OSError as e:
-            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
-                raise
-            shutil.copy2(os.path.join(path, n), os.path.join(target, n))
-    _fsync_dir(target)
+        link_or_copy(os.path.join(path, n), os.path.join(target, n))
+    fsync_dir(target)
     return name
 
 
