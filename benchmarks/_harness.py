@@ -249,17 +249,24 @@ def print_result(result: dict) -> None:
 
 
 def run_worker(script: str, argv: Sequence[str], what: str,
-               env: dict | None = None, stream_stderr: bool = False) -> dict:
+               env: dict | None = None, stream_stderr: bool = False,
+               timeout: float | None = None) -> dict:
     """Runs ``python script *argv`` (a benchmark in its worker mode; a dotted
     name without ".py" runs as ``python -m name`` from the current folder) in
     a subprocess and returns the result it printed with ``print_result``
     (even if the process then failed on its way out); a worker that printed
-    none ends the benchmark with its output's tail. `stream_stderr`: the
-    worker's stderr goes straight to ours (progress that outlives a kill)."""
+    none, or ran past `timeout` seconds (then killed), ends the benchmark
+    with its output's tail. `stream_stderr`: the worker's stderr goes
+    straight to ours (progress that outlives a kill)."""
     target = [os.path.abspath(script)] if script.endswith(".py") else ["-m", script]
-    proc = subprocess.run([sys.executable, *target, *argv], stdout=subprocess.PIPE,
-                          stderr=None if stream_stderr else subprocess.PIPE, text=True,
-                          env=env)
+    try:
+        proc = subprocess.run([sys.executable, *target, *argv], stdout=subprocess.PIPE,
+                              stderr=None if stream_stderr else subprocess.PIPE, text=True,
+                              env=env, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        raise SystemExit(f"{os.path.basename(script)}: {what} cut after {timeout:.0f} s:\n"
+                         f"{out[-3000:]}") from None
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT):
             return json.loads(line[len(RESULT):])

@@ -58,7 +58,7 @@ def build(shape: str, seq: int) -> CausalLM:
     return CausalLM(tf.LlamaForCausalLM(config(shape, seq)))
 
 
-def batches(shape: str, batch: int, seq: int, n: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def batches(shape: str, batch: int, seq: int, n: int = 4) -> list[tuple]:
     """`n` (input, next-token target) pairs of `batch` x `seq` tokens on the
     CPU, seed 1."""
     g = torch.Generator().manual_seed(1)
