@@ -149,8 +149,8 @@ def main():
         return
     import torch
 
-    from xla_amp import _engines
-    if _engines.torch_minor() < (2, 11):
+    from xla_amp import engines
+    if engines.torch_minor() < (2, 11):
         raise SystemExit("privateuse1_dispatch.py needs torch 2.11+ (torch._C._acc: Python "
                          "PrivateUse1 tensors); run it in the current profile")
     modes = [m for m in args.modes.split(",") if m]

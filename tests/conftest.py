@@ -31,7 +31,7 @@ from tests.support.launch import BACKEND_O0, ROOT  # noqa: E402  (os, re, sys on
 # The fusion emitters stay: with the elemental ones float32 -> float8 rounds
 # otherwise than the float64 reference (tests/fp8/test_fp8.py). Where torch_xla
 # is installed only: the current profile gained nothing (78 s -> 86 s). Asked
-# of find_spec, not of xla_amp._engines below: importing xla_amp imports
+# of find_spec, not of xla_amp.engines below: importing xla_amp imports
 # torch_xla, and the flags are set before that.
 import importlib.util  # noqa: E402
 if importlib.util.find_spec("torch_xla") is not None:
@@ -73,12 +73,12 @@ else:
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from xla_amp import _engines  # noqa: E402
+from xla_amp import engines  # noqa: E402
 
 # The current profile (make current: torch 2.15, no torch_xla) runs only the
 # files that hold `core` tests; such a file imports neither torch_xla nor
 # tests.support's torch_xla helpers at module level.
-TORCH_XLA = _engines.available("torch_xla")
+TORCH_XLA = engines.available("torch_xla")
 if TORCH_XLA:
     import torch_xla  # noqa: F401
 

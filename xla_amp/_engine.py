@@ -38,11 +38,13 @@ import weakref
 
 import torch
 
-from xla_amp import _engines
+from xla_amp import engines
 from xla_amp.policies import _attention
 
-TORCH_XLA = _engines.available("torch_xla")
-if TORCH_XLA:  # torch 2.9 + torch_xla: _C loads (xla_amp/__init__ checked its build)
+TORCH_XLA = engines.available("torch_xla")
+if TORCH_XLA:  # torch 2.9 + torch_xla: _C loads, after torch_xla (its AutocastXLA kernels
+    import torch_xla  # noqa: F401  (must exist before ours) and the build check
+    from xla_amp import _version_check  # noqa: F401  (ImportError if _C was built for another torch)
     from xla_amp import _C
 else:
     _C = None  # loaded by privateuse1_native(), where a build for this torch exists
@@ -130,7 +132,7 @@ def __getattr__(name):
     if name in ("push_compiled", "pop", "policy_depth", "enter_region", "exit_region",
                 "active_policy", "collect_grads", "Recorder", "set_recorder", "push_module",
                 "pop_module"):
-        _engines.require("torch_xla", "xla_amp's native engine (xla_amp._C)")
+        engines.require("torch_xla", "xla_amp's native engine (xla_amp._C)")
         raise AttributeError(f"xla_amp._engine.{name}: xla_amp._C is not loaded "
                              f"({privateuse1_problem()})")
     raise AttributeError(f"module 'xla_amp._engine' has no attribute {name!r}")
@@ -157,7 +159,7 @@ def set_default_policy(policy: Policy | None) -> None:
 
 def install() -> None:
     global replaced_kernels
-    _engines.require("torch_xla", "xla_amp's native engine (xla_amp._C)")
+    engines.require("torch_xla", "xla_amp's native engine (xla_amp._C)")
     xla_ops = [n for n in torch._C._dispatch_get_registrations_for_dispatch_key("AutocastXLA")
                if n not in set(_C.registered_ops())]
     _, replaced_kernels = _C.register_ops(sorted(xla_ops))

@@ -139,6 +139,6 @@ def check() -> None:
 
 
 if __name__ == "xla_amp._version_check":  # imported by xla_amp, not run by a build
-    from xla_amp import _engines
-    if _engines.available("torch_xla"):  # the PrivateUse1 engine asks native_problem()
+    from xla_amp import engines
+    if engines.available("torch_xla"):  # the PrivateUse1 engine asks native_problem()
         check()

@@ -1,10 +1,10 @@
 """Which engine can run where, and the one line when one cannot
-(xla_amp/_engines.py): read from the running torch's version and the
+(xla_amp/engines.py): read from the running torch's version and the
 installed packages, so the same checks hold in both profiles."""
 import pytest
 import torch
 
-from xla_amp import _engines
+from xla_amp import engines
 
 pytestmark = pytest.mark.core
 
@@ -15,16 +15,16 @@ pytestmark = pytest.mark.core
 def test_torch_ranges(monkeypatch, version, runs):
     monkeypatch.setattr(torch, "__version__", version)
     for name in ("privateuse1", "torchax"):
-        reason = _engines.problem(name)
+        reason = engines.problem(name)
         if name in runs:
             assert reason is None or "not installed" in reason, reason
         else:
             assert f"this Python has torch {version}" in reason and "2.9-2.15" in reason
     if version != "2.9.0":
-        with pytest.raises(_engines.EngineUnavailable,
+        with pytest.raises(engines.EngineUnavailable,
                            match=r"^feature X needs xla_amp's torch_xla engine, which runs on "
                                  r"torch 2\.9 only"):
-            _engines.require("torch_xla", "feature X")
+            engines.require("torch_xla", "feature X")
 
 
 def test_privateuse1_engine_refuses_an_unverified_torch_before_anything(monkeypatch):
@@ -41,4 +41,4 @@ def test_privateuse1_engine_refuses_an_unverified_torch_before_anything(monkeypa
 
 def test_an_unknown_engine_is_named():
     with pytest.raises(ValueError, match="unknown xla_amp engine 'jaxlib'; engines: torch_xla"):
-        _engines.problem("jaxlib")
+        engines.problem("jaxlib")

@@ -90,11 +90,13 @@ PUBLIC = ["autocast", "set_default_policy", "custom_fwd", "custom_bwd", "policie
           "CATEGORIES", "GradScaler", "syncfree", "all_reduce_gradients", "optimizer_step",
           "module_policies", "ModulePolicyHandle", "cast_module", "PrecisionReport", "explain",
           "watch_nonfinite", "NonfiniteWatch", "compare", "ComparisonReport", "gpu", "sharded",
-          "checkpoint", "fp8"]
+          "checkpoint", "fp8", "engines"]
 
 
 @pytest.mark.parametrize("path,names", [
     ("xla_amp", PUBLIC),
+    ("xla_amp.engines", ["Engine", "EngineUnavailable", "ENGINES", "available", "for_device",
+                         "for_module", "default", "require", "problem"]),
     ("xla_amp.policies", ["get", "names", "register", "builtin_names", "Policy", "CATEGORIES"]),
     ("xla_amp.syncfree", ["SGD", "Adam", "AdamW", "SyncFreeOptimizer"]),
     ("xla_amp.autocast", ["autocast", "set_default_policy", "custom_fwd", "custom_bwd"]),

@@ -175,7 +175,7 @@ def test_non_xla_device_raises_naming_it():
 def test_unsupported_dtype_warns_once_and_disables(device, mats):
     a, b = mats
     from xla_amp import autocast as autocast_module
-    autocast_module_state = __import__("xla_amp.autocast._region", fromlist=["_warned"])
+    autocast_module_state = __import__("xla_amp.engines._arguments", fromlist=["_warned"])
     autocast_module_state._warned.discard(("tpu", torch.float16))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

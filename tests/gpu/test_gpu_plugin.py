@@ -244,6 +244,18 @@ def test_environment_switch():
         assert proc.returncode == 0 and proc.stdout.strip() == "CUDA", proc.stderr[-3000:]
 
 
+def test_unset_import_xla_amp_loads_nothing_of_gpu():
+    """Without XLA_AMP_CUDA_PLUGIN, importing xla_amp neither runs nor loads
+    xla_amp.gpu; the engine reads the variable gpu/ documents."""
+    from xla_amp.autocast import _implementation
+    assert _implementation.CUDA_PLUGIN_ENV == "XLA_AMP_CUDA_PLUGIN"
+    import xla_amp.gpu
+    assert xla_amp.gpu.ENV == _implementation.CUDA_PLUGIN_ENV
+    proc = _python("import sys, xla_amp; print(sorted(m for m in sys.modules "
+                   "if m.startswith('xla_amp.gpu')))", env={"XLA_AMP_CUDA_PLUGIN": ""})
+    assert proc.returncode == 0 and proc.stdout.strip().splitlines()[-1] == "[]", proc.stderr
+
+
 def test_gpu_extra_pins_what_the_checks_want():
     """`pip install 'xla_amp[gpu]'` installs the versions find() accepts."""
     import tomllib

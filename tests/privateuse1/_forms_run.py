@@ -17,7 +17,7 @@ import sys
 import torch
 
 import xla_amp
-from xla_amp import _engines
+from xla_amp import engines
 from xla_amp import privateuse1
 
 from tests.support import argument_forms as af
@@ -60,7 +60,7 @@ result["numbers_forms"] = sum(r is not None for *_, r in calls)
 # docs/precision_modes.md's example on the device: LayerNorm under an "fp32"
 # rule in a TransformerEncoderLayer, with the hpu rules compiled before it
 # (torch 2.11+: the 2.9 stand-in has no device guard, so no Module.to)
-if _engines.torch_minor() >= (2, 11):
+if engines.torch_minor() >= (2, 11):
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0,
                                              batch_first=True).to("tpu")

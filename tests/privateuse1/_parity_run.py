@@ -8,13 +8,13 @@ import sys
 import torch
 
 import xla_amp
-from xla_amp import _engines
+from xla_amp import engines
 
 from tests.support import dtype_parity, standin_tpu
 
 torch.set_grad_enabled(False)
 out = {"torch": torch.__version__}
-if _engines.available("torch_xla"):
+if engines.available("torch_xla"):
     import torch_xla
     device = torch_xla.device()
     out["torch_xla"] = dtype_parity.table(

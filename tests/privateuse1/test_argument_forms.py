@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from xla_amp import _engines
+from xla_amp import engines
 
 from tests.support import launch, runs
 
@@ -55,7 +55,7 @@ def sweep() -> dict:
 # The Python kernels' sweep runs in the current profile (make current, torch
 # 2.15, where they are TorchTPU users' fallback); make test (torch 2.9, where
 # `make build` always gives the native kernels) sweeps the native ones.
-_KINDS = ("native",) if _engines.available("torch_xla") else ("native", "python")
+_KINDS = ("native",) if engines.available("torch_xla") else ("native", "python")
 
 
 def _native() -> bool:
@@ -80,7 +80,7 @@ def test_every_form_equals_the_call_without_xla_amps_kernel(kernels):
         assert name in result["overloads"], name
 
 
-@pytest.mark.skipif(_engines.torch_minor() < (2, 11),
+@pytest.mark.skipif(engines.torch_minor() < (2, 11),
                     reason="the torch 2.9 stand-in has no device guard (no Module.to)")
 def test_the_documented_fp32_layernorm_rule_runs_a_transformer_layer():
     # the layer ends in its second LayerNorm, which the rule runs in float32

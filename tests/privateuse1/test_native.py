@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from xla_amp import _engine, _engines
+from xla_amp import _engine, engines
 
 from tests.support import launch
 
@@ -82,7 +82,7 @@ def test_python_kernels_on_request_say_so():
 
 
 def _other_torch() -> str:
-    major, minor = _engines.torch_minor()
+    major, minor = engines.torch_minor()
     return f"{major}.{minor - 1}.0"
 
 
@@ -114,7 +114,7 @@ SCALAR_CASES = {"t * 2": lambda t: t * 2, "t + 1": lambda t: t + 1,
 
 
 @needs_native
-@pytest.mark.skipif(_engines.torch_minor() < (2, 11), reason="the stand-in's device guard")
+@pytest.mark.skipif(engines.torch_minor() < (2, 11), reason="the stand-in's device guard")
 @pytest.mark.parametrize("case", sorted(SCALAR_CASES))
 def test_python_scalars_pass_through_the_native_kernels(case):
     import xla_amp
@@ -147,7 +147,7 @@ def _overload_of(case: str) -> str:
 
 
 @needs_native
-@pytest.mark.skipif(_engines.torch_minor() < (2, 11), reason="the stand-in's device guard")
+@pytest.mark.skipif(engines.torch_minor() < (2, 11), reason="the stand-in's device guard")
 def test_push_and_pop_drive_the_native_stack():
     import xla_amp
     from xla_amp import policies
@@ -170,7 +170,7 @@ def test_push_and_pop_drive_the_native_stack():
 
 
 @needs_native
-@pytest.mark.skipif(_engines.torch_minor() < (2, 11), reason="the stand-in's device guard")
+@pytest.mark.skipif(engines.torch_minor() < (2, 11), reason="the stand-in's device guard")
 def test_record_reports_the_native_kernels_decisions_per_module():
     import xla_amp
     from torch import nn

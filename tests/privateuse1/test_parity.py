@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from xla_amp import _engine, _engines
+from xla_amp import _engine, engines
 
 from tests.support import launch, runs
 
@@ -48,7 +48,7 @@ EXPLAINED = {
 
 
 def _minor() -> str:
-    return "%d.%d" % _engines.torch_minor()
+    return "%d.%d" % engines.torch_minor()
 
 
 def _tables(kernels: str = "auto") -> dict:
@@ -71,7 +71,7 @@ def _reference() -> dict:
         return json.load(f)
 
 
-@pytest.mark.skipif(not _engines.available("torch_xla"), reason="the reference is torch 2.9's")
+@pytest.mark.skipif(not engines.available("torch_xla"), reason="the reference is torch 2.9's")
 def test_the_committed_torch_xla_table_is_current():
     assert _tables()["torch_xla"] == _reference()["torch_xla"], f"stale: {REGENERATE}"
 

@@ -10,15 +10,15 @@ import pytest
 import torch
 from torch import nn
 
-from xla_amp import _engines
+from xla_amp import engines
 
 from tests.support import launch
 
 pytestmark = [pytest.mark.core, pytest.mark.skipif(
-    _engines.torch_minor() < (2, 11),
+    engines.torch_minor() < (2, 11),
     reason="autograd on the stand-in needs torch 2.11+'s Python device guard: make current")]
 
-if _engines.torch_minor() >= (2, 11):
+if engines.torch_minor() >= (2, 11):
     import xla_amp
     from tests.support import standin_tpu
     from tests.support.numerics_models import Exp, Risky, Sqrt

@@ -11,13 +11,13 @@ import pytest
 import torch
 from torch import nn
 
-from xla_amp import _engines
+from xla_amp import engines
 
 pytestmark = [pytest.mark.core, pytest.mark.skipif(
-    _engines.torch_minor() < (2, 11),
+    engines.torch_minor() < (2, 11),
     reason="autograd on the stand-in needs torch 2.11+'s Python device guard: make current")]
 
-if _engines.torch_minor() >= (2, 11):
+if engines.torch_minor() >= (2, 11):
     import xla_amp
     from tests.support import standin_models as zoo, standin_tpu
 

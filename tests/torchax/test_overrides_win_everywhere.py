@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from xla_amp import _engines
+from xla_amp import engines
 
 from tests.support import launch, override_sweep, runs
 from tests.support import torchax_current  # noqa: F401  (xla_amp.torchax's shim first: torch 2.15)
@@ -37,17 +37,17 @@ STANDIN_CANNOT_RUN = {"aten::lstm_cell", "aten::gru_cell", "aten::lstm", "aten::
 
 def _tables() -> dict:
     def compute():
-        engines = ["standin", "torchax"] + (["torch_xla"] if _engines.available("torch_xla")
+        names = ["standin", "torchax"] + (["torch_xla"] if engines.available("torch_xla")
                                             else [])
         folder = os.environ[runs.RUN_DIR_VAR]
         env = launch.launch_env()
-        if not _engines.available("torch_xla"):  # its XLA:CPU flags: jax 0.12 refuses them
+        if not engines.available("torch_xla"):  # its XLA:CPU flags: jax 0.12 refuses them
             env.pop("XLA_FLAGS", None)
         procs = {e: subprocess.Popen(
             [sys.executable, os.path.join(HERE, "_overrides_run.py"), e,
              os.path.join(folder, f"overrides-{e}.json")],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-            env=env, cwd=launch.ROOT) for e in engines}
+            env=env, cwd=launch.ROOT) for e in names}
         out = {}
         for e, proc in procs.items():
             _, err = proc.communicate(timeout=300)

@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from xla_amp import _engines
+from xla_amp import engines
 
 from tests.support import launch, runs, scaler_sequence
 from tests.support import torchax_current  # noqa: F401  (xla_amp.torchax's shim first: torch 2.15)
@@ -29,10 +29,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def _other_engines() -> dict:
     def compute():
-        engines = ["standin"] + (["torch_xla"] if _engines.available("torch_xla") else [])
+        names = ["standin"] + (["torch_xla"] if engines.available("torch_xla") else [])
         folder = os.environ[runs.RUN_DIR_VAR]
         out = {}
-        for e in engines:
+        for e in names:
             path = os.path.join(folder, f"scaler-sequence-{e}.json")
             proc = subprocess.run([sys.executable, os.path.join(HERE, "_scaler_sequence_run.py"),
                                    e, path], capture_output=True, text=True, timeout=300,

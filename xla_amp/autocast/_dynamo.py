@@ -41,7 +41,7 @@ import torch
 import torch.fx
 
 from xla_amp import _engine
-from xla_amp.autocast import _recording
+from xla_amp.numerics import _recording
 from xla_amp.autocast._region import _tell_pre_dispatch_mode, autocast
 from xla_amp.policies._policy import Policy
 

@@ -8,11 +8,11 @@
 
 Algorithm::
 
+    new:    engines.for_device(device): another engine's device ("tpu", "jax")
+            -> that engine's region, with the same arguments
     build:  (same arguments as a region built before -> reuse its checked state)
-            policy = policy arg | policies.for_hardware(xla_device_hw(device))
-            dtype  = dtype arg  | policy.default_dtype
-            if dtype not in policy.supported_dtypes: warn once, enabled = False
-            fp32_matmul_precision given -> policy.with_overrides(it) (explicit)
+            RegionArgs.check / resolve (engines/_arguments.py), with the
+            default policy policies.for_hardware(xla_device_hw(device))
             _matmul_precision.claim(the policy's effective precision): torch_xla
                 has one per process; a request it cannot honour is refused here
     enter:  one native call: save the thread's XLA autocast state, push the
@@ -28,17 +28,16 @@ Algorithm::
 """
 from __future__ import annotations
 
-import warnings
-
 import torch
 
-from xla_amp import _devices, _engine, policies
-from xla_amp.autocast import _matmul_precision, _recording
-from xla_amp.autocast._report import PrecisionReport
-from xla_amp.policies import _matmul_precision as matmul_precision
+from xla_amp import _engine, engines, policies
+from xla_amp.autocast import _matmul_precision
+from xla_amp.numerics import _recording
+from xla_amp.numerics._report import PrecisionReport
+from xla_amp.engines._arguments import RegionArgs
 from xla_amp.policies._policy import Policy
 
-_warned: set[tuple[str, torch.dtype]] = set()
+_ARGUMENTS = ("enabled", "dtype", "cache_enabled", "policy", "record", "fp32_matmul_precision")
 
 # Regions built before: the arguments (types included, so enabled=1 is not
 # enabled=True) and the registry generation -> the checked instance state.
@@ -51,25 +50,14 @@ _BUILT_MAX = 64
 
 def _xla_device(device) -> torch.device:
     try:
-        dev = torch.device(device)
+        return torch.device(device)
     except (RuntimeError, TypeError):
         raise ValueError(f"autocast: {device!r} is not a device") from None
-    if dev.type != "xla":
-        raise ValueError(
-            f"autocast: device '{dev}' is not an XLA device; pass an XLA device "
-            "such as torch_xla.device() or 'xla:0' (use torch.autocast for others)")
-    return dev
 
 
-def _policy_for(dev: torch.device, policy) -> Policy:
-    if policy is None:
-        import torch_xla.core.xla_model as xm
-        return policies.for_hardware(xm.xla_device_hw(dev))
-    if isinstance(policy, Policy):
-        return policy
-    if isinstance(policy, str):
-        return policies.get(policy)
-    raise TypeError(f"autocast: policy must be a name or a Policy, got {type(policy).__name__}")
+def _hardware_policy(dev: torch.device) -> Policy:
+    import torch_xla.core.xla_model as xm
+    return policies.for_hardware(xm.xla_device_hw(dev))
 
 
 def set_default_policy(policy: str | Policy | None) -> None:
@@ -98,13 +86,13 @@ class autocast(torch.amp.autocast):
     """
 
     def __new__(cls, device=None, *args, **kwargs):
-        # A PrivateUse1 device ("tpu" under TorchTPU): the PrivateUse1 engine's region
-        if cls is autocast and not (isinstance(device, str) and device.startswith("xla")):
-            name = _devices.privateuse1_device()
-            kind = device.type if isinstance(device, torch.device) else device
-            if name and isinstance(kind, str) and kind.split(":")[0] == name:
-                from xla_amp.privateuse1 import autocast as privateuse1_autocast
-                return privateuse1_autocast(device, *args, **kwargs)
+        # the engine serving the device (engines.for_device): a PrivateUse1
+        # device ("tpu" under TorchTPU) or torchax's "jax" gets that engine's region
+        if cls is autocast:
+            engine = engines.default() if device is None else engines.for_device(device, "autocast")
+            if engine.name != "torch_xla":
+                return engine.region(device, **_keywords(args, kwargs))
+            engine.require("xla_amp.autocast on an XLA device")
         return super().__new__(cls)
 
     def __init__(self, device, enabled: bool = True, dtype: torch.dtype | None = None,
@@ -130,32 +118,15 @@ class autocast(torch.amp.autocast):
             _built[key] = tuple(self.__dict__.items())
 
     def _build(self, device, enabled, dtype, cache_enabled, policy, record, precision):
+        args = RegionArgs.check("autocast", enabled, dtype, cache_enabled, policy, record,
+                                precision)
         self.xla_device = _xla_device(device)
-        for name, value in (("enabled", enabled), ("cache_enabled", cache_enabled),
-                            ("record", record)):
-            if not isinstance(value, bool):
-                raise ValueError(f"autocast: {name} must be a bool, got {value!r}")
-        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-            raise ValueError(
-                f"autocast: dtype must be a floating torch.dtype (torch.bfloat16, "
-                f"torch.float16) or None, got {dtype!r}")
-        self.policy = _policy_for(self.xla_device, policy)
-        if precision is not None:
-            matmul_precision.check(precision, "xla_amp.autocast")
-            self.policy = self.policy.with_overrides(
-                name=self.policy.name, fp32_matmul_precision=precision)
-        if dtype is None:
-            dtype = self.policy.default_dtype
-        if enabled and dtype not in self.policy.supported_dtypes:
-            key = (self.policy.name, dtype)
-            if key not in _warned:
-                _warned.add(key)
-                warnings.warn(
-                    f"xla_amp.autocast: policy {self.policy.name!r} does not support "
-                    f"{dtype} (supported: {', '.join(map(str, self.policy.supported_dtypes))});"
-                    " autocast is disabled for this region", stacklevel=3)
-            enabled = False
-            dtype = self.policy.default_dtype
+        if self.xla_device.type != "xla":
+            engine = engines.for_device(self.xla_device, "autocast")  # none: the one line
+            raise ValueError(f"autocast: device '{self.xla_device}' is served by xla_amp's "
+                             f"{engine.name} engine; pass it to xla_amp.autocast")
+        default = _hardware_policy(self.xla_device) if args.policy is None else None
+        self.policy, dtype, enabled = args.resolve(default)
         super().__init__("xla", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
         self._table = _engine.compile(self.policy)  # bad policies fail here, not on enter
         if enabled:
@@ -202,6 +173,18 @@ class autocast(torch.amp.autocast):
         self._recorder = _engine.Recorder()
         self.__dict__.setdefault("_previous_recorders", []).append(
             _recording.begin(self._recorder))
+
+
+def _keywords(args: tuple, kwargs: dict) -> dict:
+    """autocast's positional arguments after the device, by name (another
+    engine's region takes them as keywords)."""
+    if len(args) > len(_ARGUMENTS):
+        raise TypeError(f"autocast: takes at most {len(_ARGUMENTS) + 1} positional arguments")
+    named = dict(zip(_ARGUMENTS, args))
+    twice = sorted(set(named) & set(kwargs))
+    if twice:
+        raise TypeError(f"autocast: got multiple values for argument {twice[0]!r}")
+    return {**named, **kwargs}
 
 
 def _tell_pre_dispatch_mode(fn, args) -> None:

@@ -1,4 +1,6 @@
-"""XLA:GPU again: NVIDIA GPUs through JAX's CUDA PJRT plugin.
+"""XLA:GPU again: NVIDIA GPUs through JAX's CUDA PJRT plugin. Part of the
+torch_xla engine (xla_amp/engines/_torch_xla.py). Never run on a GPU: the
+GPU figures come from the torchax route (docs/gpu.md).
 
 torch_xla 2.9 removed its own XLA:CUDA client and aborts on CUDA devices;
 it still loads PJRT C-API plugins. ``use_cuda_plugin()`` registers JAX's
@@ -10,14 +12,15 @@ plugin needs, and turns SPMD mode on, where torch_xla accepts the device::
     device = torch_xla.device()          # SPMD:0; xla_device_hw: "CUDA"
     with xla_amp.autocast(device): ...   # the cuda rules, float16
 
-or, with no code change: ``XLA_AMP_CUDA_PLUGIN=1`` and ``import xla_amp``.
+or, with no code change: ``XLA_AMP_CUDA_PLUGIN=1`` and ``import xla_amp`` (unset,
+``import xla_amp`` does not load this package).
 Install: ``pip install 'xla_amp[gpu]'``. docs/gpu.md has the details.
 """
 import os
 
 from xla_amp.gpu._plugin import CudaPlugin, CudaPluginError, CudaSetup, use_cuda_plugin
 
-ENV = "XLA_AMP_CUDA_PLUGIN"
+ENV = "XLA_AMP_CUDA_PLUGIN"  # the torch_xla engine reads it at import (CUDA_PLUGIN_ENV)
 
 __all__ = ["use_cuda_plugin", "CudaPluginError", "CudaSetup", "CudaPlugin", "ENV"]
 

@@ -30,6 +30,7 @@ import json
 import torch
 from torch import nn
 
+from xla_amp import engines
 from xla_amp.numerics._inspect import buffers_kept, markdown
 
 FP16_MAX = 65504.0
@@ -111,9 +112,10 @@ def _checked_device(model: nn.Module, inputs, kwargs) -> torch.device:
     held = held if held is not None else next(
         (leaf for _, leaf in leaves if isinstance(leaf, torch.Tensor)), None)
     device = held.device if held is not None else None
-    if device is None or device.type not in ("xla", _pu1()):
-        raise ValueError(f"compare: the model is on '{device}', not on an XLA device or "
-                         f"the '{_pu1()}' (PrivateUse1) device; move it there first")
+    if device is None or engines.for_device_type(device.type) is None:
+        served = sorted(t for e in engines.ENGINES.values() for t in e.device_types())
+        raise ValueError(f"compare: the model is on '{device}', not on a device an xla_amp "
+                         f"engine serves ({', '.join(served)}); move it there first")
     for path, leaf in leaves:
         if isinstance(leaf, torch.Tensor) and leaf.device != device:
             kind = "input" if path[0].idx == 0 else "keyword argument"
@@ -122,37 +124,6 @@ def _checked_device(model: nn.Module, inputs, kwargs) -> torch.device:
                              f"'{leaf.device}', the model on '{device}'; move it with "
                              f".to('{device}')")
     return device
-
-
-def _pu1() -> str:
-    return torch._C._get_privateuse1_backend_name()
-
-
-def _autocast(device: torch.device):
-    """The engine's region for `device`: torch_xla's, or the PrivateUse1 one."""
-    if device.type == "xla":
-        from xla_amp.autocast import autocast
-    else:
-        from xla_amp.privateuse1 import autocast
-    return autocast
-
-
-def _rng_restorer(device: torch.device):
-    """A function putting back the RNG state `device`'s random ops draw from
-    now (XLA's per-device seed; else the device module's and the CPU's)."""
-    if device.type == "xla":
-        import torch_xla.core.xla_model as xm
-        state = xm.get_rng_state(device)
-        return lambda: xm.set_rng_state(state, device)
-    module = getattr(torch, device.type, None)
-    cpu = torch.get_rng_state()
-    own = module.get_rng_state() if hasattr(module, "get_rng_state") else None
-
-    def restore():
-        torch.set_rng_state(cpu)
-        if own is not None:
-            module.set_rng_state(own)
-    return restore
 
 
 def compare(model: nn.Module, *inputs, policy=None, **kwargs) -> ComparisonReport:
@@ -164,11 +135,12 @@ def compare(model: nn.Module, *inputs, policy=None, **kwargs) -> ComparisonRepor
     if not isinstance(model, nn.Module):
         raise TypeError(f"compare: expected an nn.Module, got {type(model).__name__}")
     device = _checked_device(model, inputs, kwargs)
-    autocast = _autocast(device)
+    engine = engines.for_device(device, "compare")
+    autocast = engine.region_class()
     region = autocast(device, policy=policy)  # a bad policy fails before anything runs
     names = [name for name, _ in model.named_modules()]
     modules = [m for _, m in model.named_modules()]
-    restore_rng = _rng_restorer(device)
+    restore_rng = engine.rng_restorer(device)
     with buffers_kept(model):
         ref = _run(model, inputs, kwargs, modules, autocast(device, enabled=False))
     restore_rng()

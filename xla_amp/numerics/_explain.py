@@ -1,6 +1,6 @@
 """`explain`: one call of a module or function under a recording region,
 traced only, and its `PrecisionReport` (the rows are described in
-``xla_amp/autocast/_report.py``).
+``xla_amp/numerics/_report.py``).
 
     xla_amp.explain(model, x, policy="cuda").diff(xla_amp.explain(model, x, policy="tpu"))
 """
@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from xla_amp.autocast import PrecisionReport, autocast
+from xla_amp import engines
+from xla_amp.numerics._report import PrecisionReport
 from xla_amp.numerics._inspect import buffers_kept
 
 
@@ -28,7 +29,9 @@ def explain(fn, *args, policy=None, **kwargs) -> PrecisionReport:
     `PrecisionReport`; the device is the first XLA tensor argument's. Only
     traces (nothing executes, no transfer); a module's buffers are left as
     they were. Module names are relative to `fn` when it is a module."""
-    return record_call(autocast(xla_device_of(args, kwargs), policy=policy, record=True),
+    region = engines.get("torch_xla").region(xla_device_of(args, kwargs), policy=policy,
+                                             record=True)
+    return record_call(region,
                        fn, *args, **kwargs)
 
 

@@ -35,6 +35,8 @@ import weakref
 import torch
 from torch import nn
 
+from xla_amp import engines
+
 _PHASES = ("forward", "backward")
 
 
@@ -53,10 +55,10 @@ class NonfiniteWatch:
         if not isinstance(model, nn.Module):
             raise TypeError(f"watch_nonfinite: expected an nn.Module, got {type(model).__name__}")
         device = next((p.device for p in model.parameters()), None)
-        pu1 = torch._C._get_privateuse1_backend_name()
-        if device is None or device.type not in ("xla", pu1):
-            raise ValueError("watch_nonfinite: the model's parameters must be on an XLA "
-                             f"device or the '{pu1}' (PrivateUse1) device (got {device}); "
+        if device is None or engines.for_device_type(device.type) is None:
+            served = sorted(t for e in engines.ENGINES.values() for t in e.device_types())
+            raise ValueError("watch_nonfinite: the model's parameters must be on a device an "
+                             f"xla_amp engine serves ({', '.join(served)}; got {device}); "
                              "move the model first")
         self._names = [name for name, _ in model.named_modules()]
         none = torch.tensor(-1, dtype=torch.int32).to(device)

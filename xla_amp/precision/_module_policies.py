@@ -53,7 +53,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from xla_amp import policies
+from xla_amp import engines, policies
 from xla_amp.policies._policy import Policy
 
 FP32 = "fp32"
@@ -133,47 +133,14 @@ def _matches(key, name: str, module: nn.Module) -> bool:
     return isinstance(module, key)
 
 
-class XlaRegions:
-    """Where module rules act: torch_xla's autocast (the default backend).
-    Another backend (xla_amp.torchax) supplies the same two functions."""
-
-    @staticmethod
-    def active_dtype() -> torch.dtype | None:
-        """The enclosing region's dtype, or None when autocast is off here."""
-        return torch.get_autocast_dtype("xla") if torch.is_autocast_enabled("xla") else None
-
-    @staticmethod
-    def regions(policy: Policy) -> dict:
-        """dtype -> a region of `policy` (the device only names the type:
-        autocast state is per device type)."""
-        from xla_amp.autocast import autocast  # the torch_xla engine: loaded when used
-        from xla_amp.autocast._matmul_precision import not_setting
-        with not_setting():  # torch_xla's matmul precision is the process's, not a module's
-            return {dtype: autocast("xla:0", dtype=dtype, policy=policy)
-                    for dtype in policy.supported_dtypes}
-
-
-def _backend_for(model: nn.Module):
-    """XlaRegions, or the PrivateUse1 engine's regions for a model whose
-    first parameter is on the PrivateUse1 device (or where torch_xla's
-    engine cannot run)."""
-    from xla_amp import _engines
-    first = next(model.parameters(), None)
-    pu1 = torch._C._get_privateuse1_backend_name()
-    if (first is not None and first.device.type == pu1) or not _engines.available("torch_xla"):
-        from xla_amp.privateuse1._region import Regions
-        return Regions
-    return XlaRegions
-
-
 class _RuledForward:
     """Replaces a ruled module's ``forward`` (an instance attribute, removed
     again by the handle)."""
 
-    def __init__(self, module: nn.Module, target: Policy | str, backend=XlaRegions):
+    def __init__(self, module: nn.Module, target: Policy | str, engine):
         self.module = module
         self.target = target
-        self.backend = backend
+        self.engine = engine  # its regions and active_dtype (engines/_base.py)
         self.previous = module.__dict__.get("forward")  # an earlier instance forward
         self._build_regions()
 
@@ -183,11 +150,11 @@ class _RuledForward:
             return
         policy = getattr(self.target, "policy", None) or (
             fp32_policy() if self.target == FP32 else self.target)
-        self.regions = self.backend.regions(policy)
+        self.regions = self.engine.regions(policy)
         self.fallback = self.regions.get(policy.default_dtype) or next(iter(self.regions.values()))
 
     def __call__(self, *args, **kwargs):
-        dtype = None if self.target is None else self.backend.active_dtype()
+        dtype = None if self.target is None else self.engine.active_dtype()
         if dtype is None:
             return self._forward(args, kwargs)
         if self.target == FP32:
@@ -254,15 +221,15 @@ class ModulePolicyHandle:
         self._wrapped = []
 
 
-def module_policies(model: nn.Module, rules, *, _backend=None) -> ModulePolicyHandle:
+def module_policies(model: nn.Module, rules, *, _engine=None) -> ModulePolicyHandle:
     """Installs per-module policies on `model`; see the module docstring.
     Call it once, before training (and before torch.compile); the rules act
     inside every autocast region for the model's device (XLA, or a
     PrivateUse1 device such as TorchTPU's "tpu") until ``handle.remove()``."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"module_policies: expected an nn.Module, got {type(model).__name__}")
-    if _backend is None:
-        _backend = _backend_for(model)
+    if _engine is None:
+        _engine = engines.for_module(model)
     checked = _check_rules(rules)
     chosen: dict[str, tuple[nn.Module, Policy | str]] = {}
     used = set()
@@ -278,7 +245,7 @@ def module_policies(model: nn.Module, rules, *, _backend=None) -> ModulePolicyHa
                           f"{type(model).__name__}", stacklevel=2)
     wrapped = []
     for module, target in chosen.values():
-        w = _RuledForward(module, target, _backend)
+        w = _RuledForward(module, target, _engine)
         module.forward = w
         wrapped.append(w)
     return ModulePolicyHandle(wrapped, {n: t if t == FP32 else t.name

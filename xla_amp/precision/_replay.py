@@ -6,8 +6,7 @@ its recomputed forward, after the region has closed and on autograd's own
 device thread, where no xla_amp policy is active (policies are per
 thread). torch restores autocast's enabled/dtype/cache itself
 (torch.amp.custom_bwd, the checkpoint's recompute); the policy is ours to
-restore. Both engines: device type "xla" (torch_xla's) and the PrivateUse1
-device's name (TorchTPU's "tpu").
+restore. Every engine: the one serving the device type (engines.for_device_type).
 
     recorded = record("xla")        # inside the region: None if no engine runs it
     with replaying(recorded):       # later, anywhere: that policy is active
@@ -17,19 +16,13 @@ from __future__ import annotations
 
 import contextlib
 
-import torch
+from xla_amp import engines
 
 
 def engine_for(device_type: str):
-    """(active(), push(table), pop()) of the engine running `device_type`'s
-    regions, or None for a device xla_amp has no engine on."""
-    if device_type == "xla":
-        from xla_amp import _engine
-        return _engine.active_policy, _engine.push_compiled, _engine.pop
-    if device_type == torch._C._get_privateuse1_backend_name() != "privateuseone":
-        from xla_amp.privateuse1 import _kernels
-        return _kernels.active_table, _kernels.push, _kernels.pop
-    return None
+    """The engine running `device_type`'s regions (engines.for_device_type),
+    or None for a device xla_amp has no engine on."""
+    return engines.for_device_type(device_type)
 
 
 def record(device_type: str):
@@ -38,7 +31,7 @@ def record(device_type: str):
     engine = engine_for(device_type)
     if engine is None:
         return None
-    table = engine[0]()
+    table = engine.active()
     return None if table is None else (engine, table)
 
 
@@ -48,9 +41,9 @@ def replaying(recorded):
     if recorded is None:
         yield
         return
-    (_, push, pop), table = recorded
-    push(table)
+    engine, table = recorded
+    engine.push(table)
     try:
         yield
     finally:
-        pop()
+        engine.pop()

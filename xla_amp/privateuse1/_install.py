@@ -31,7 +31,7 @@ import weakref
 
 import torch
 
-from xla_amp import _devices, _engines
+from xla_amp import _devices, engines
 from xla_amp.policies import _ops as ops
 from xla_amp.policies._policy import Policy
 from xla_amp.privateuse1 import _amp_ops, _kernels
@@ -179,7 +179,7 @@ def at_import() -> None:
     cannot be registered on an Autocast key (PyTorch asserts), so where
     nothing is taken torch's own error is what plain torch.autocast gives.)"""
     name = backend_name()
-    if not _engines.available("privateuse1") or name == "jax":
+    if not engines.available("privateuse1") or name == "jax":
         return
     if name != "privateuseone" or "torch_tpu" in sys.modules:
         install()
@@ -212,7 +212,7 @@ def install(default: Policy | None = None) -> None:
                     f"xla_amp.privateuse1: installed for PrivateUse1 as '{installed_for[0]}', "
                     f"which is now named '{name}'; rename the backend before using xla_amp on it")
             return
-        _engines.require("privateuse1", "xla_amp.privateuse1")  # a torch it is verified on
+        engines.require("privateuse1", "xla_amp.privateuse1")  # a torch it is verified on
         _check_backend(name)
         installed_for.append(name)  # before compile() below, which calls install()
         _choose_kernels(name)

@@ -20,22 +20,19 @@ Algorithm::
 A subclass of ``torch.amp.autocast``: ``torch.is_autocast_enabled("tpu")``
 and ``torch.get_autocast_dtype("tpu")`` report it. ``record=True`` (the
 precision report, ``report()``) runs on the native kernels' recorder, the
-torch_xla engine's (xla_amp/autocast/_recording.py): with the Python
+torch_xla engine's (xla_amp/numerics/_recording.py): with the Python
 kernels it is refused in one line.
 """
 from __future__ import annotations
 
 import sys
-import warnings
 
 import torch
 
-from xla_amp import _engines, policies
+from xla_amp import engines, policies
+from xla_amp.engines._arguments import RegionArgs
 from xla_amp.policies._policy import Policy
 from xla_amp.privateuse1 import _install, _kernels
-
-_warned: set = set()
-
 
 def set_default_policy(policy: str | Policy | None) -> None:
     """The policy plain ``torch.autocast(<device>)`` uses on the PrivateUse1
@@ -67,7 +64,7 @@ def device_type(device) -> str:
     if dev is None:
         raise ValueError(f"autocast: {device!r} is not a device")
     if dev.type == "xla":
-        _engines.require("torch_xla", "xla_amp.autocast on an XLA device")
+        engines.require("torch_xla", "xla_amp.autocast on an XLA device")
     if dev.type != name or name == "privateuseone":
         raise ValueError(
             f"autocast: device '{dev}' is not this process's PrivateUse1 device "
@@ -95,18 +92,8 @@ class autocast(torch.amp.autocast):
     def __init__(self, device=None, enabled: bool = True, dtype: torch.dtype | None = None,
                  cache_enabled: bool = True, policy: str | Policy | None = None,
                  record: bool = False, fp32_matmul_precision: str | None = None):
-        for name, value in (("enabled", enabled), ("cache_enabled", cache_enabled),
-                            ("record", record)):
-            if not isinstance(value, bool):
-                raise ValueError(f"autocast: {name} must be a bool, got {value!r}")
-        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-            raise ValueError(f"autocast: dtype must be a floating torch.dtype or None, "
-                             f"got {dtype!r}")
-        if isinstance(policy, str):
-            policy = policies.get(policy)
-        elif policy is not None and not isinstance(policy, Policy):
-            raise TypeError(f"autocast: policy must be a name or a Policy, "
-                            f"got {type(policy).__name__}")
+        args = RegionArgs.check("autocast", enabled, dtype, cache_enabled, policy, record,
+                                fp32_matmul_precision)
         kind = device_type(device)
         _install.install()
         if record and _install.kernels() != "native":
@@ -115,21 +102,14 @@ class autocast(torch.amp.autocast):
                              "recorder is C++), and the Python ones serve this device: "
                              f"{_engine.privateuse1_problem()}")
         self._record, self._recorder, self._previous = record, None, []
-        self.policy = policy or _install.default_policy()
-        if fp32_matmul_precision is not None or self.policy.fp32_matmul_precision_requested:
+        default = _install.default_policy() if args.policy is None else None
+        if args.fp32_matmul_precision or (args.policy or default).fp32_matmul_precision_requested:
             # the backend's kernels run eagerly at their own precision: nothing
             # here can set a dot's (docs/policies.md, "Float32 matmul precision")
             raise ValueError("autocast: fp32_matmul_precision cannot be honoured on a "
                              "PrivateUse1 device: its kernels take the backend's own matmul "
                              "precision; set it through the backend")
-        if dtype is None:
-            dtype = self.policy.default_dtype
-        if enabled and dtype not in self.policy.supported_dtypes:
-            if (self.policy.name, dtype) not in _warned:
-                _warned.add((self.policy.name, dtype))
-                warnings.warn(f"xla_amp.autocast: policy {self.policy.name!r} does not support "
-                              f"{dtype}; autocast is disabled for this region", stacklevel=2)
-            enabled, dtype = False, self.policy.default_dtype
+        self.policy, dtype, enabled = args.resolve(default, stacklevel=3)
         self._table = _install.compile(self.policy)
         super().__init__(kind, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
@@ -162,29 +142,7 @@ class autocast(torch.amp.autocast):
 
 
 def _recording():
-    """(xla_amp.autocast's recording hooks, PrecisionReport), imported on
-    first use. Importing that package sets the attribute ``xla_amp.autocast``
-    to it, over the region class the core exports under that name (_core.py):
-    put the class back."""
-    package = sys.modules["xla_amp"].__dict__
-    exported = package.get("autocast")
-    from xla_amp.autocast import _recording as recording
-    from xla_amp.autocast._report import PrecisionReport
-    if exported is not None and package.get("autocast") is not exported:
-        package["autocast"] = exported
+    """(xla_amp.autocast's recording hooks, PrecisionReport), imported on first use."""
+    from xla_amp.numerics import _recording as recording
+    from xla_amp.numerics._report import PrecisionReport
     return recording, PrecisionReport
-
-
-class Regions:
-    """Where module_policies' rules act on the PrivateUse1 device (the same
-    two functions as xla_amp.precision's XlaRegions)."""
-
-    @staticmethod
-    def active_dtype() -> torch.dtype | None:
-        name = _install.backend_name()
-        return torch.get_autocast_dtype(name) if torch.is_autocast_enabled(name) else None
-
-    @staticmethod
-    def regions(policy: Policy) -> dict:
-        return {dtype: autocast(None, dtype=dtype, policy=policy)
-                for dtype in policy.supported_dtypes}

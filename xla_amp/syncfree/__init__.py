@@ -5,9 +5,9 @@ They take the constructor arguments of their ``torch.optim`` namesakes and
 the parameters' device skips the update inside the XLA graph, so a
 ``GradScaler`` step never reads anything back to the host.
 """
-from xla_amp import _engines
+from xla_amp import engines
 
-_engines.require("torch_xla", "xla_amp's native engine (xla_amp._C)")  # the XLA step
+engines.require("torch_xla", "xla_amp's native engine (xla_amp._C)")  # the XLA step
 
 from xla_amp.syncfree._base import SyncFreeOptimizer  # noqa: E402
 from xla_amp.syncfree.adam import Adam  # noqa: E402

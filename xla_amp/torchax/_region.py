@@ -9,7 +9,9 @@ Algorithm::
     build:  policy = policy arg | the policy of the JAX backend
                      (tpu -> "tpu", gpu -> "cuda", cpu -> "cpu")
             dtype  = dtype arg  | policy.default_dtype
-            refuse a dtype the policy or the backend does not support
+            RegionArgs.check / resolve (engines/_arguments.py): the same checks
+            and messages as every engine's region; refuse a dtype the
+            backend has no arithmetic for
             rules  = the policy compiled for torchax (_rules.py), cached
             hook the environment's dispatch once (_hook.py)
     enter:  push (rules, dtype) on this thread's stack (enabled=False pushes
@@ -48,7 +50,7 @@ import jax
 import torch
 
 from xla_amp import policies
-from xla_amp.policies import _matmul_precision as matmul_precision
+from xla_amp.engines._arguments import RegionArgs
 from xla_amp.policies._policy import Policy
 from xla_amp.torchax import _attention, _batch_norm, _hook, _lowerings, _paths, _rules
 
@@ -254,15 +256,8 @@ def backend_name(backend: str | None) -> str:
     return backend
 
 
-def policy_for(policy, backend: str) -> Policy:
-    if policy is None:
-        return policies.for_hardware(_BACKEND_HARDWARE[backend])
-    if isinstance(policy, Policy):
-        return policy
-    if isinstance(policy, str):
-        return policies.get(policy)
-    raise TypeError(f"xla_amp.torchax.autocast: policy must be a name or a Policy, "
-                    f"got {type(policy).__name__}")
+def _hardware_policy(backend: str) -> Policy:
+    return policies.for_hardware(_BACKEND_HARDWARE[backend])
 
 
 def _device_ok(device) -> None:
@@ -286,26 +281,23 @@ class autocast(contextlib.ContextDecorator):
 
     def __init__(self, device="jax", enabled: bool = True, dtype: torch.dtype | None = None,
                  policy: str | Policy | None = None, *, env=None, backend: str | None = None,
-                 fp32_matmul_precision: str | None = None, fused_attention: bool | None = None):
+                 fp32_matmul_precision: str | None = None, fused_attention: bool | None = None,
+                 cache_enabled: bool = True, record: bool = False):
+        args = RegionArgs.check("autocast", enabled, dtype, cache_enabled,
+                                policy, record, fp32_matmul_precision)
         _device_ok(device)
         _attention.check(fused_attention, "xla_amp.torchax.autocast")
-        if not isinstance(enabled, bool):
-            raise ValueError(f"xla_amp.torchax.autocast: enabled must be a bool, got {enabled!r}")
-        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-            raise ValueError(f"xla_amp.torchax.autocast: dtype must be a floating torch.dtype "
-                             f"or None, got {dtype!r}")
+        if record:
+            raise ValueError("xla_amp.torchax.autocast: record=True needs xla_amp's native "
+                             "kernels' recorder, which torchax does not run; the policy acts "
+                             "while JAX traces: read the lowered program (docs/torchax.md)")
         self.backend = backend_name(backend)
         self.fused_attention = (_attention.default(self.backend) if fused_attention is None
                                 else fused_attention)
-        self.policy = policy_for(policy, self.backend)
-        if fp32_matmul_precision is not None:
-            matmul_precision.check(fp32_matmul_precision, "xla_amp.torchax.autocast")
-            self.policy = self.policy.with_overrides(
-                name=self.policy.name, fp32_matmul_precision=fp32_matmul_precision)
-        self.dtype = self.policy.default_dtype if dtype is None else dtype
-        if enabled:
+        default = _hardware_policy(self.backend) if args.policy is None else None
+        self.policy, self.dtype, self.enabled = args.resolve(default, stacklevel=3)
+        if self.enabled:
             check_dtype(self.policy, self.dtype, self.backend)
-        self.enabled = enabled
         self.rules = _rules.compile(self.policy)
         if env is None:
             import torchax
@@ -333,12 +325,8 @@ class autocast(contextlib.ContextDecorator):
 
 
 def check_dtype(policy: Policy, dtype: torch.dtype, backend: str) -> None:
-    """ValueError unless `policy` supports `dtype` and JAX's `backend`
-    computes in it."""
-    if dtype not in policy.supported_dtypes:
-        raise ValueError(
-            f"xla_amp.torchax.autocast: policy {policy.name!r} does not support {dtype} "
-            f"(supported: {', '.join(map(str, policy.supported_dtypes))})")
+    """ValueError unless JAX's `backend` computes in `dtype` (the policy's
+    support is RegionArgs.resolve's: warned, the region disabled)."""
     if dtype not in BACKEND_DTYPES[backend]:
         raise ValueError(
             f"xla_amp.torchax.autocast: JAX backend {backend!r} has no {dtype} arithmetic "
@@ -376,25 +364,10 @@ def _runs(env, overload: str) -> bool:
     return _hook.has_lowering(env, _rules.overload_of(overload))
 
 
-class Regions:
-    """Module policies' backend for torchax (precision/_module_policies.py):
-    rules act inside `autocast` regions on this thread."""
-
-    @staticmethod
-    def active_dtype() -> torch.dtype | None:
-        top = current()
-        return None if top is None else top[1]
-
-    @staticmethod
-    def regions(policy: Policy) -> dict:
-        return {dtype: autocast("jax", dtype=dtype, policy=policy)
-                for dtype in policy.supported_dtypes
-                if dtype in BACKEND_DTYPES[backend_name(None)]}
-
-
 def module_policies(model, rules):
     """`xla_amp.module_policies` for torchax: the same rules (module types or
     name globs -> a policy or "fp32"), acting inside `autocast` regions of
     this backend. Returns the handle whose ``remove()`` takes them out."""
+    from xla_amp import engines
     from xla_amp.precision._module_policies import module_policies as install
-    return install(model, rules, _backend=Regions)
+    return install(model, rules, _engine=engines.get("torchax"))
