@@ -242,8 +242,9 @@ zoo-large: build dev
 demo: build
 	$(PY) scripts/train_mnist_amp.py --target_accuracy 97
 
-# Eleven CPU benchmarks, each once with its defaults (docs/benchmarks.md
-# names them and how to run the rest: options, .venv-current, the GPU suite).
+# Eleven CPU benchmarks, each once with its defaults, and the GPU LLM
+# benchmark's check of itself on the CPU (docs/benchmarks.md names them and
+# how to run the rest: options, .venv-current, the GPU suite).
 bench: build dev
 	$(PY) benchmarks/trace_cost.py
 	$(PY) benchmarks/syncfree_step.py
@@ -256,6 +257,7 @@ bench: build dev
 	$(PY) benchmarks/checkpoint_write.py
 	$(PY) benchmarks/torchax_lm.py
 	$(PY) benchmarks/fp8.py
+	$(PY) -m benchmarks.llm --smoke
 
 clean:
 	rm -rf build dist xla_amp/_C*.so xla_amp/_build_info*.py xla_amp/.built xla_amp/.built-current *.egg-info

@@ -50,11 +50,16 @@
 #               (not recorded yet; commit it as tests/policies/cuda_module_dtypes.json)
 #   fp8-probe   one fp8 GEMM of the MLP's shape compiled with XLA's defaults
 #               and with Triton GEMMs off (55.6 s against 0.11 s on an H200)
-# torchax and expecttest (torch.testing's OpInfos import it) are looked for
+#   llm         benchmarks/llm.py: Llama-3-8B's layers (8 of them, seq 4096)
+#               by xla_amp bf16 and fp8 against torch.compile bf16, torchao
+#               float8 and eager bf16, under 450 s of its own (run it alone:
+#               PARTS=llm BUDGET=480)
+# torchax, expecttest (torch.testing's OpInfos import it) and torchao (llm's
+# torchao-fp8 path; 0.18.0 is torchao's release for torch 2.11) are looked for
 # first; one that is missing is installed from its wheel in gpuwheels/, for a
 # machine without PyPI. Prepare the folder where there is network access, and
 # keep it out of git (third-party code):
-#   pip download torchax==0.0.13 expecttest==0.3.0 --no-deps -d gpuwheels
+#   pip download torchax==0.0.13 expecttest==0.3.0 torchao==0.18.0 --no-deps -d gpuwheels
 #   echo /gpuwheels/ >> .git/info/exclude
 set -u
 OUT=${OUT:-build/gpu-suite}
@@ -83,7 +88,7 @@ part() {  # NAME CAP COMMAND...
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; git rev-parse HEAD; date -u; } \
   > "$OUT/host.txt" 2>&1
-for mod in torchax expecttest; do  # expecttest: torch.testing's OpInfos import it
+for mod in torchax expecttest torchao; do  # expecttest: torch.testing's OpInfos import it
   $PY -c "import $mod" 2>/dev/null || $PY -m pip install -q --no-deps gpuwheels/$mod-*.whl \
     >> "$OUT/pip.log" 2>&1
 done
@@ -106,6 +111,7 @@ part gpu-lm 300 $PY -m benchmarks.gpu --only fp16,bf16,eager-amp,compile-amp --u
 part composites 90 $PY -m scripts.record_cuda_autocast --out "$OUT/cuda_autocast_dtypes.json"
 part modules 150 $PY -m scripts.record_cuda_autocast --modules --out "$OUT/cuda_module_dtypes.json"
 part fp8-probe 60 $PY -m benchmarks.fp8_gpu --worker probe
+part llm 480 $PY -m benchmarks.llm --budget 450 --out "$OUT/llm"
 echo "total $(( SECONDS - start )) s" >> "$OUT/parts.log"
 for f in "$OUT"/*/*.md; do [ -f "$f" ] && { echo "== $f"; cat "$f"; }; done  # the tables, on stdout too
 # Three files in $OUT: everything but these two goes into one archive

@@ -26,8 +26,9 @@ Paths, each in a process of its own (the native ones never import torchax):
                 (tensorwise scaling), the LM head kept
   eager-bf16    the native step without torch.compile: a floor
 A path whose library (transformers, torchax, torchao) is missing is reported
-as not run, with the reason; one that fails or runs past its share of
---budget seconds is reported with the reason, and the others still run.
+as not run, with the reason; one that fails, or runs past its share of
+--budget seconds (twice an even share of what is left), is reported with
+the reason, and the others still run.
 
 Per path, after the first step (compilation included: "compile s"), --steps
 less one split over --rounds rounds of the same process (one model's AdamW
@@ -315,11 +316,16 @@ def main(argv=None) -> None:
               "--batch", str(args.batch)] + (["--smoke"] if args.smoke else [])
     env = dict(os.environ)
     env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.92")  # JAX's share of the card
+    if args.smoke:
+        env["JAX_PLATFORMS"] = "cpu"
     results, t0 = {}, time.perf_counter()
-    for path in [p for p in args.paths.split(",") if p]:
-        if path not in PATHS:
-            raise SystemExit(f"unknown path {path!r}: one of {', '.join(PATHS)}")
+    paths = [p for p in args.paths.split(",") if p]
+    unknown = sorted(set(paths) - set(PATHS))
+    if unknown:
+        raise SystemExit(f"unknown path {unknown[0]!r}: one of {', '.join(PATHS)}")
+    for i, path in enumerate(paths):
         left = args.budget - (time.perf_counter() - t0)
+        cap = min(left, max(60.0, 2 * left / (len(paths) - i)))  # a hung path leaves time
         if missing(path):
             results[path] = {"not_run": missing(path)}
         elif left < 30:
@@ -327,7 +333,7 @@ def main(argv=None) -> None:
         else:
             try:
                 results[path] = H.run_worker("benchmarks.llm", ["--worker", path, *common], path,
-                                             env=env, stream_stderr=True, timeout=left)
+                                             env=env, stream_stderr=True, timeout=cap)
             except SystemExit as e:  # one path's failure: reported, the others still run
                 results[path] = {"error": str(e)[-2000:]}
         print(path, json.dumps(results[path])[:2000], flush=True)
