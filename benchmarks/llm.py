@@ -70,6 +70,7 @@ NEEDS = {"xla-bf16": _JAX, "xla-fp8": _JAX, "compile-bf16": ("transformers",),
 # nvidia-smi gives
 PEAKS = {"H100": 989.0, "H200": 989.0}
 ADAMW = dict(lr=1e-4, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1)
+BATCHES = 20  # distinct batches, cycled: 100 steps see each 5 times (random tokens)
 
 
 def gpu() -> tuple[str, float] | None:
@@ -105,11 +106,11 @@ def _shape(args) -> str:
 
 def _model(args, device):
     """The model, initialised on `device` (the same values on every path of
-    one device kind: seed 0), and the batches on the CPU."""
+    one device kind: seed 0), and BATCHES batches on the CPU."""
     import torch
     with torch.device(device):
         model = L.build(_shape(args), args.seq)
-    return model, L.batches(_shape(args), args.batch, args.seq)
+    return model, L.batches(_shape(args), args.batch, args.seq, BATCHES)
 
 
 class Runner:
