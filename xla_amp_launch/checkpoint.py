@@ -7,6 +7,12 @@ a checksum of every tensor into it and verifies them on reading).
     state = ck.resume_state(compat)      # --resume / --auto_resume: data only
     ck.save(run, position)               # atomic; CheckpointError on an OS failure
 
+With --fsdp the checkpoint is a sharded one (``xla_amp.sharded.save``:
+a directory of versions, each device writing its own shards; the data
+position in its record); a --checkpoint or --resume that is an existing
+file (an earlier --fsdp run's, which gathered the shards) is read and
+written as a file, as before.
+
 A damaged file is never written over. --resume of one: exit 2, one line.
 --auto_resume resumes from the newest intact file of --checkpoint,
 --checkpoint.1, ... (--keep_checkpoints): each damaged newer one is first
@@ -45,8 +51,10 @@ class Checkpoints:
     """The run's checkpoint file: locked from the start of the run to its end."""
 
     def __init__(self, path: Optional[str], resume: Optional[str], auto_resume: bool,
-                 keep: int, allow_rounding: bool):
+                 keep: int, allow_rounding: bool, sharded: bool = False):
         self.path = os.path.abspath(path) if path else None
+        # --fsdp: a sharded checkpoint, unless one of the earlier files is there
+        self.sharded = sharded and not any(p and os.path.isfile(p) for p in (path, resume))
         self.keep = keep
         self.allow_rounding = allow_rounding
         self.resume = resume             # --auto_resume: set by resume_state
@@ -56,7 +64,7 @@ class Checkpoints:
     @classmethod
     def from_flags(cls, flags) -> "Checkpoints":
         ck = cls(flags.checkpoint, flags.resume, flags.auto_resume, flags.keep_checkpoints,
-                 flags.resume_allow_rounding)
+                 flags.resume_allow_rounding, sharded=flags.fsdp)
         ck.acquire()
         return ck
 
@@ -84,7 +92,9 @@ class Checkpoints:
         configuration."""
         from xla_amp import checkpoint as c
         damaged: list = []
-        if self.auto_resume:
+        if self.sharded:
+            state = self._sharded_state()
+        elif self.auto_resume:
             state, damaged = self._newest_intact()
         elif self.resume:
             try:
@@ -103,6 +113,26 @@ class Checkpoints:
                                   "configuration: " + "; ".join(diffs))
         self._set_aside(damaged)
         return state
+
+    def _sharded_state(self) -> Optional[dict]:
+        """The position and configuration kept with the sharded checkpoint to
+        resume from (its tensors are loaded by ``restore``); None: none."""
+        from xla_amp import checkpoint as c
+        from xla_amp import sharded
+        if self.auto_resume:
+            if not sharded.versions(self.path):
+                return None
+            self.resume = self.path
+        elif not self.resume:
+            return None
+        try:
+            extra = sharded.read_extra(self.resume)
+        except (c.CheckpointError, ValueError, OSError) as e:
+            fail(EXIT_BAD_RESUME, f"--resume directory {self.resume}: {e}")
+        if extra.get("format") != FORMAT:
+            fail(EXIT_BAD_RESUME, f"--resume directory {self.resume} is not a launcher "
+                                  f"checkpoint ({FORMAT})")
+        return dict(extra, sharded=self.resume)
 
     def _newest_intact(self) -> tuple[Optional[dict], list]:
         """--auto_resume: the state of the newest of --checkpoint, .1, .2, ...
@@ -147,6 +177,8 @@ class Checkpoints:
         """Load `state` into the run's model, optimizer and scaler, converted
         to this run's precision (``xla_amp.checkpoint.restore``)."""
         from xla_amp import checkpoint as c
+        if "sharded" in state:
+            return self._restore_sharded(state["sharded"], run_objects)
         if "record" not in state:   # an older launcher's file: read the record off it
             state = dict(state, record=c.infer_record(state, run_objects["model"]))
         try:
@@ -155,11 +187,28 @@ class Checkpoints:
             fail(EXIT_BAD_RESUME, f"--resume file {self.resume}: "
                  + str(e).replace("allow_rounding=True", "--resume_allow_rounding"))
 
+    def _restore_sharded(self, where: str, run_objects: dict) -> list[str]:
+        from xla_amp import checkpoint as c
+        from xla_amp import sharded
+        try:
+            sharded.load(where, model=run_objects["model"], optimizer=run_objects["optimizer"],
+                         scaler=run_objects["scaler"], allow_rounding=self.allow_rounding)
+        except (c.CheckpointError, ValueError, FileNotFoundError) as e:
+            fail(EXIT_BAD_RESUME, f"--resume directory {where}: "
+                 + str(e).replace("allow_rounding=True", "--resume_allow_rounding"))
+        return []
+
     def save(self, run, position: dict) -> None:
         """Write the checkpoint (raises xla_amp.checkpoint.CheckpointError on
         an OS failure: the caller ends the run with exit status 74)."""
         from xla_amp import checkpoint as c
         if not self.path:
+            return
+        if self.sharded:
+            from xla_amp import sharded
+            sharded.save(self.path, model=run.model, optimizer=run.optimizer, scaler=run.scaler,
+                         keep=self.keep, extra={"format": FORMAT, "position": dict(position),
+                                                "compat": dict(run.compat)})
             return
         c.save(self.path, model=run.model, optimizer=run.optimizer, scaler=run.scaler,
                amp_dtype=run.amp_dtype, mesh=run.devices.mesh, keep=self.keep, format=FORMAT,

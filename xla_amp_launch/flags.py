@@ -140,8 +140,11 @@ def define_flags(*, batch_size: int, num_epochs: int, lr: float, optimizer: str 
                       "inf/NaN (scaler.overflow_report, read only then) to --logdir "
                       "(markdown, JSON, TensorBoard text); printed without --logdir.")
 
-    flags.register_validator("resume", lambda p: p is None or os.path.isfile(p),
-                             message="--resume must name an existing checkpoint file "
+    flags.register_validator("resume", lambda p: p is None or os.path.isfile(p)
+                             or os.path.isfile(os.path.join(p, ".metadata"))
+                             or os.path.isfile(os.path.join(p, "xla_amp_sharded_versions.json")),
+                             message="--resume must name an existing checkpoint file, or "
+                                     "with --fsdp a sharded checkpoint's directory "
                                      "(--auto_resume starts fresh when --checkpoint's file "
                                      "is not there yet)")
     flags.register_multi_flags_validator(

@@ -6,8 +6,9 @@ nothing changed (then ``allow_rounding=True`` resumes it). make faults."""
 import pytest
 import torch
 
-from tests.support import assert_same
-from tests.support.precision_matrix import LOSSLESS_INTO, MODES, build, restore, save, steps
+from tests.support.precision_matrix import (LOSSLESS_INTO, MODES, assert_continues,
+                                            assert_untouched, build, host_state, restore, save,
+                                            steps)
 from xla_amp import checkpoint as ckpt
 
 pytestmark = pytest.mark.faults
@@ -26,8 +27,7 @@ def runs(device, tmp_path_factory):
         steps(run, device, 0, 5)
         save(run, d / f"{mode}.pt")
         losses = steps(run, device, 5, 10)
-        out[mode] = (d / f"{mode}.pt", losses, {k: v.cpu() for k, v in
-                                                run.model.state_dict().items()})
+        out[mode] = (d / f"{mode}.pt", losses, host_state(run))
     return out
 
 
@@ -41,7 +41,7 @@ def test_resume_across_modes(device, runs, src, dst):
     path, reference, final = runs[src]
     run = build(dst, device)
     if refused(src, dst):
-        before = {k: v.cpu().clone() for k, v in run.model.state_dict().items()}
+        before = host_state(run)
         with pytest.raises(ckpt.CheckpointError) as e:
             restore(run, path)
         msg = str(e.value)
@@ -50,20 +50,13 @@ def test_resume_across_modes(device, runs, src, dst):
                                     amp_dtype=run.amp_dtype)
         assert "\n" not in msg and ckpt.mode_name(saved) in msg and ckpt.mode_name(here) in msg
         assert "allow_rounding=True" in msg
-        assert_same({k: v.cpu() for k, v in run.model.state_dict().items()}, before, "model")
-        assert not run.optimizer.state and run.scaler.get_scale() == 2.0 ** 16
+        assert_untouched(run, before)
         restore(run, path, allow_rounding=True)
     else:
         notes = restore(run, path)
         assert (notes == []) == (MODES[src][0] == MODES[dst][0] and
                                  not (src == "bf16_master" and MODES[dst][0] == torch.float32))
-    losses = steps(run, device, 5, 10)
-    if src == dst:
-        assert losses == reference
-        assert_same({k: v.cpu() for k, v in run.model.state_dict().items()}, final, "model")
-    else:
-        worst = max(abs(a - b) / b for a, b in zip(losses, reference))
-        assert worst < 0.01, (losses, reference)
+    assert_continues(run, device, src == dst, reference, final)
 
 
 def test_master_becomes_the_weight_exactly(device, runs):

@@ -2,7 +2,9 @@
 XLA:CPU devices, SPMD): checkpoints of a sharded [16, 4] float32, [8, 4]
 float32 and [16, 4] bfloat16 weight loaded into sharded weights of another
 size or dtype, with torch_xla's SPMDLoadPlanner (what happens, upstream)
-and with xla_amp.sharded.load (the refusal; the weight unchanged).
+and with xla_amp.sharded.load (another size refused, the weight
+unchanged; bf16 into float32 widened exactly, as its training record
+allows, and still sharded).
 Prints one JSON object."""
 import json
 import os
@@ -68,10 +70,14 @@ for case, ((path, want), rows, dtype) in cases.items():
     before = m.weight.detach().cpu().clone()
     try:
         sharded.load(path, model=m)
-        out["ours"][case] = "loaded"
+        got = m.weight.detach().cpu()
+        exact = got.dtype != want.dtype and torch.equal(got, want.to(got.dtype))
+        spec = torch_xla._XLAC._get_xla_sharding_spec
+        kept = spec(m.weight) == spec(layer(rows, 1, dtype).weight)   # still sharded
+        out["ours"][case] = "converted exactly, sharded" if exact and kept else "loaded"
     except ValueError as e:
         out["ours"][case] = str(e).replace(path, "CKPT")
-    unchanged &= torch.equal(m.weight.detach().cpu(), before)
+        unchanged &= torch.equal(m.weight.detach().cpu(), before)
 out["ours"]["unchanged"] = unchanged
 cpu = os.path.join(root, "cpu")  # plain DCP, unsharded CPU tensors: compared
 dcp.save({"model": nn.Linear(4, 16, bias=False).state_dict()},

@@ -8,13 +8,13 @@ import os
 import torch.distributed.checkpoint as dcp
 
 from xla_amp.checkpoint import _record
-from xla_amp.checkpoint import sharded as _checkpoint
+from xla_amp.checkpoint import _sharded_dcp
 
 
 def save_old_format(path, model, optimizer=None, scaler=None):
     objects = {k: v for k, v in (("model", model), ("optimizer", optimizer),
                                  ("scaler", scaler)) if v is not None}
-    _checkpoint._settle()
+    _sharded_dcp.settle()
     state = {k: v.state_dict() for k, v in objects.items()}
     os.makedirs(path, exist_ok=True)
     old = {k: v for k, v in _record.sharded_record(model, optimizer).items()
@@ -22,4 +22,4 @@ def save_old_format(path, model, optimizer=None, scaler=None):
     with open(os.path.join(path, _record.FILE), "w") as f:
         json.dump(old, f)
     dcp.save(state, storage_writer=dcp.FileSystemWriter(path, per_thread_copy_ahead=0),
-             planner=_checkpoint._save_planner(), no_dist=True)
+             planner=_sharded_dcp.save_planner(), no_dist=True)

@@ -81,6 +81,25 @@ def same(a, b) -> bool:
     return type(a) is type(b) and a == b
 
 
+def contents(path) -> dict:
+    """Every entry of the sharded checkpoint `path` reads (its newest
+    version), on the host, by its DCP key: tensors through plain DCP, other
+    entries weights-only (xla_amp/checkpoint/_sharded_metadata.py); and
+    ``"extra"``, what the save kept with them."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    from xla_amp import sharded
+    from xla_amp.checkpoint import _sharded_metadata as safe
+    where = sharded.versions(path)[0]
+    md = safe.read_metadata(where, "test")
+    tensors = {k: torch.zeros(tuple(m.size), dtype=m.properties.dtype)
+               for k, m in md.state_dict_metadata.items() if isinstance(m, TensorStorageMetadata)}
+    dcp.load(tensors, storage_reader=dcp.FileSystemReader(where), no_dist=True)
+    values = safe.read_values(where, md, [k for k in md.state_dict_metadata
+                                          if k not in tensors], "test")
+    return {**tensors, **values, "extra": sharded.read_extra(path)}
+
+
 def fresh(device):
     """Objects to load into: the model's structure, a sync-free AdamW with
     no state yet, a GradScaler."""

@@ -135,7 +135,7 @@ def test_checkpoint_of_a_partially_replicated_tensor_upstream_defect_and_workaro
     """Pinned upstream defect (torch_xla 2.9): SPMDSavePlanner writes no
     tensor that is sharded over one mesh axis and replicated over another
     (a 2-D data x fsdp mesh under FSDPv2), and says nothing. xla_amp.sharded
-    plans each chunk once (_checkpoint._save_planner) and loads it back
+    plans each chunk once (xla_amp/checkpoint/_sharded_dcp.py, save_planner) and loads it back
     into every replica. When the upstream key list stops being empty, drop
     the workaround."""
     proc = subprocess.run([sys.executable, os.path.join(HERE, "_dcp_partial_replication.py")],

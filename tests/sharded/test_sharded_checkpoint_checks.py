@@ -1,7 +1,9 @@
 """xla_amp.sharded.load compares before it loads (make test, in this
-process: XLA:CPU, no mesh): a model of another width or dtype, a missing
-or an unexpected entry, other precision options (the checkpoint's
-record) or another scaler are refused with one line naming the key and
+process: XLA:CPU, no mesh): a model of another width, a missing or an
+unexpected entry -- and, in a checkpoint whose record has no training
+record (tests/sharded/_old_format.py), another dtype, other precision
+options or another scaler (which a newer one converts:
+test_sharded_precision.py) -- are refused with one line naming the key and
 both sides, and the model, the optimizer (no state made for the check
 left behind) and the scaler are bit-identical afterwards; a matching
 model, optimizer and scaler load, a model alone loads from a full
@@ -89,15 +91,31 @@ def test_a_matching_setup_loads_and_a_model_alone_loads_from_a_full_checkpoint(d
     assert all(torch.isfinite(p.detach().cpu().float()).all() for p in model.parameters())
 
 
+@pytest.fixture(scope="module")
+def old_ckpt(device, tmp_path_factory):
+    """The same run saved as a sharded checkpoint was before its record held
+    the training record (tests/sharded/_old_format.py): it loads into its
+    own precision mode only."""
+    from tests.sharded._old_format import save_old_format
+    path = str(tmp_path_factory.mktemp("old") / "step2")
+    model, opt, scaler = build(device)
+    for _ in range(2):
+        train_one_step(model, opt, scaler, device)
+    save_old_format(path, model, opt, scaler)
+    return path, [p.detach().cpu() for p in model.parameters()]
+
+
 CASES = {  # id: (build arguments, the message, whether the optimizer stepped first)
     "wider": (dict(width=16), "'model.0.weight' is [8, 4] bfloat16 in {p}, [16, 4] bfloat16 "
                               "here; nothing was loaded", False),
     "wider_stepped": (dict(width=16), "'model.0.weight' is [8, 4] bfloat16 in {p}", True),
+    "missing": (dict(extra=True), "'model.2.weight' ([2, 2] bfloat16 here) is not in the "
+                                  "checkpoint in {p}; nothing was loaded", False),
+}
+OLD_CASES = {  # refused in a checkpoint without the training record only
     "fp32_model": (dict(dtype=torch.float32, master_weights=True),
                    "'model.0.weight' is [8, 4] bfloat16 in {p}, [8, 4] float32 here; "
                    "nothing was loaded", False),
-    "missing": (dict(extra=True), "'model.2.weight' ([2, 2] bfloat16 here) is not in the "
-                                  "checkpoint in {p}; nothing was loaded", False),
     "sr_optimizer": (dict(stochastic_rounding=True),
                      "the checkpoint in {p} was trained with master_weights=True, "
                      "stochastic_rounding=False (param group 0), this optimizer has "
@@ -105,10 +123,11 @@ CASES = {  # id: (build arguments, the message, whether the optimizer stepped fi
 }
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_a_different_model_or_optimizer_is_refused_before_anything_changes(device, ckpt, case):
-    path, _ = ckpt
-    kwargs, message, stepped = CASES[case]
+@pytest.mark.parametrize("case", [*CASES, *(f"old-{c}" for c in OLD_CASES)])
+def test_a_different_model_or_optimizer_is_refused_before_anything_changes(device, ckpt,
+                                                                            old_ckpt, case):
+    path, _ = old_ckpt if case.startswith("old-") else ckpt
+    kwargs, message, stepped = {**CASES, **{f"old-{c}": v for c, v in OLD_CASES.items()}}[case]
     model, opt, scaler = build(device, **kwargs)
     if stepped:  # state of its own: it must survive the refusal
         train_one_step(model, opt, scaler, device)
@@ -121,7 +140,8 @@ def test_a_different_model_or_optimizer_is_refused_before_anything_changes(devic
     assert_unchanged(before, model, opt, scaler)
 
 
-def test_unexpected_entries_other_scalers_and_absent_state_are_refused(device, ckpt, tmp_path):
+def test_unexpected_entries_other_scalers_and_absent_state_are_refused(device, ckpt, old_ckpt,
+                                                                       tmp_path):
     path, _ = ckpt
     model = nn.Sequential(nn.Linear(4, 8)).to(device)  # the checkpoint has a second layer
     xla_amp.cast_module(model, torch.bfloat16)
@@ -134,8 +154,11 @@ def test_unexpected_entries_other_scalers_and_absent_state_are_refused(device, c
     off = xla_amp.GradScaler(enabled=False)
     with pytest.raises(ValueError, match="'scaler' is an enabled scaler's state in .*, a "
                                          "disabled scaler's here; nothing was loaded"):
-        sharded.load(path, model=model, optimizer=opt, scaler=off)
+        sharded.load(old_ckpt[0], model=model, optimizer=opt, scaler=off)
     assert not opt.state
+    other, other_opt, _ = build(device)
+    sharded.load(path, model=other, optimizer=other_opt, scaler=off)   # the record: dropped
+    assert other_opt.state and not off.is_enabled()
     bare = str(tmp_path / "model_only")  # saved without an optimizer
     sharded.save(bare, model=model)
     with pytest.raises(ValueError, match="holds no optimizer state; nothing was loaded"):
@@ -162,7 +185,8 @@ def test_spmd_load_planner_loads_other_sizes_and_dtypes_silently_upstream_gap():
     """Pinned upstream gap (torch_xla 2.9): SPMDLoadPlanner never compares a
     sharded tensor's size or dtype with the checkpoint's. When `upstream`
     starts refusing, the comparison in _sharded_checks can go; ours
-    must refuse all three today."""
+    must refuse both sizes today, and widens bf16 into float32 exactly
+    (tests/sharded/test_sharded_precision.py has every mode)."""
     proc = subprocess.run([sys.executable, os.path.join(HERE, "_dcp_load_truncation.py")],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -177,5 +201,5 @@ def test_spmd_load_planner_loads_other_sizes_and_dtypes_silently_upstream_gap():
         "xla_amp.sharded.load: 'model.weight' is [16, 4] float32 in CKPT, [8, 4] float32 "
         "here; nothing was loaded"), out
     assert "is [8, 4] float32 in CKPT, [16, 4] float32 here" in ours["wide_from_narrow"], out
-    assert "is [16, 4] bfloat16 in CKPT, [16, 4] float32 here" in ours["fp32_from_bf16"], out
+    assert ours["fp32_from_bf16"] == "converted exactly, sharded", out   # the record allows it
     assert ours["unchanged"], out

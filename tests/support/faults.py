@@ -72,6 +72,16 @@ class Running:
             t.join(timeout=10)
         return rc, "".join(self.out), "".join(self.err)
 
+    def preempted(self, path) -> int:
+        """Wait for a run sent SIGTERM: exit status 75, one "stopped by
+        SIGTERM" line naming `path`, no traceback; the steps it had done."""
+        rc, out, err = self.finish()
+        assert rc == 75, err[-3000:]
+        lines = [ln for ln in out.splitlines() if ln.startswith("stopped by SIGTERM")]
+        assert len(lines) == 1 and str(path) in lines[0], out
+        assert "Traceback" not in err
+        return int(lines[0].split("after step ")[1].split(":")[0])
+
 
 class DirWatch:
     """inotify on one directory: (mask, name) of each file created or

@@ -1,5 +1,6 @@
 """Training a small digits MLP in each precision mode, for the
-checkpoint-conversion tests (tests/checkpoint/test_checkpoint_precision.py)."""
+checkpoint-conversion tests (tests/checkpoint/test_checkpoint_precision.py,
+tests/sharded/test_sharded_precision.py)."""
 import dataclasses
 
 import torch
@@ -81,3 +82,30 @@ def save(run: Run, path) -> None:
 def restore(run: Run, path, **kw) -> list[str]:
     return ckpt.restore(ckpt.load(path), model=run.model, optimizer=run.optimizer,
                         scaler=run.scaler, amp_dtype=run.amp_dtype, **kw)
+
+
+def host_state(run: Run) -> dict:
+    """The model's state dict, copied to the host."""
+    return {k: v.cpu().clone() for k, v in run.model.state_dict().items()}
+
+
+def assert_untouched(run: Run, before: dict) -> None:
+    """After a refused resume: the model as `before`, no optimizer state, the
+    scaler at its initial scale."""
+    from tests.support import assert_same
+    assert_same(host_state(run), before, "model")
+    assert not run.optimizer.state and run.scaler.get_scale() == 2.0 ** 16
+
+
+def assert_continues(run: Run, device, same_mode: bool, reference: list, final: dict) -> None:
+    """Train on from step 5 for len(reference) steps: the losses and final
+    model bit-identical to the run that went on when the mode did not
+    change, else within 1 % of its losses."""
+    from tests.support import assert_same
+    losses = steps(run, device, 5, len(reference))
+    if same_mode:
+        assert losses == reference
+        assert_same(host_state(run), final, "model")
+    else:
+        worst = max(abs(a - b) / b for a, b in zip(losses, reference))
+        assert worst < 0.01, (losses, reference)

@@ -1,7 +1,9 @@
 """Reading a checkpoint as data only.
 
 Every checkpoint file xla_amp or its launchers read goes through
-:func:`read`: ``torch.load(..., weights_only=True)``, whose unpickler
+:func:`read` (a sharded checkpoint's entries through the same unpickler
+and :func:`refused_content`: _sharded_metadata.py): ``torch.load(...,
+weights_only=True)``, whose unpickler
 builds tensors, numbers, strings, dtypes and containers and refuses any
 other global. A file carrying an object that would run code when
 unpickled is refused with one line naming the path and the object; the
@@ -55,10 +57,7 @@ def _load(path: str, what: str, hashes) -> Any:
     try:
         return torch.load(path, map_location=hashes or "cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        g, op = _GLOBAL.search(str(e)), _OPCODE.search(str(e))
-        culprit = (f"the object {g.group(1).rstrip('.,')}" if g else
-                   f"pickle code the data-only reader refuses (opcode {op.group(1)})" if op
-                   else "an object")
+        culprit = refused_content(e)
         if _pickle_record_damaged(path):   # a flipped byte, not someone's object
             raise CheckpointDamaged(f"{what} {path} is damaged: its pickle record fails the "
                                     f"zip's CRC-32 or headers (read as {culprit}); it was not "
@@ -77,6 +76,15 @@ def _load(path: str, what: str, hashes) -> Any:
         first = f"{type(e).__name__}: " + (str(e).strip().splitlines() or [""])[0][:200]
         raise CheckpointDamaged(f"{what} {path} is not a readable torch checkpoint "
                                 f"({first}); it was not loaded") from None
+
+
+def refused_content(e: Exception) -> str:
+    """What the weights-only unpickler refused, from its error:
+    ``"the object posix.system"``, the opcode, or ``"an object"``."""
+    g, op = _GLOBAL.search(str(e)), _OPCODE.search(str(e))
+    return (f"the object {g.group(1).rstrip('.,')}" if g else
+            f"pickle code the data-only reader refuses (opcode {op.group(1)})" if op
+            else "an object")
 
 
 def _pickle_record_damaged(path: str) -> bool:

@@ -191,17 +191,20 @@ def _precision(model) -> Optional[dict[str, Any]]:
     return out
 
 
-def sharded_record(model, optimizer, scaler=None, *, amp_dtype=None) -> dict[str, Any]:
+def sharded_training(model, optimizer, scaler=None) -> dict[str, Any]:
+    """:func:`training_record` of a sharded run: its mesh, and as autocast
+    dtype the ``shard_model`` wrapper's compute dtype (None otherwise)."""
+    amp_dtype = getattr(getattr(model, "precision", None), "compute_dtype", None)
+    return training_record(model, optimizer, scaler, amp_dtype=amp_dtype,
+                           mesh=_model_mesh(model))
+
+
+def sharded_record(model, optimizer, scaler=None) -> dict[str, Any]:
     """The record of a sharded save of `model`, `optimizer` and `scaler`
-    (None: not saved); `amp_dtype`: the autocast dtype of the run (the
-    ``shard_model`` wrapper's compute dtype when not given)."""
+    (None: not saved)."""
     import torch_xla
     import torch_xla.runtime as xr
-    precision = getattr(model, "precision", None)
-    if amp_dtype is None:
-        amp_dtype = getattr(precision, "compute_dtype", None)
-    mesh = _model_mesh(model)
-    training = training_record(model, optimizer, scaler, amp_dtype=amp_dtype, mesh=mesh)
+    training = sharded_training(model, optimizer, scaler)
     dtypes: dict[str, int] = {}
     for p in model.parameters():
         dtypes[str(p.dtype)] = dtypes.get(str(p.dtype), 0) + 1

@@ -114,9 +114,14 @@ def read_metadata(path: str, who: str):
 
 
 def load_value(data: io.BytesIO, who: str, file: str, key: str):
-    """A non-tensor entry unpickled with torch's weights-only unpickler."""
+    """A non-tensor entry unpickled with torch's weights-only unpickler (as
+    ``xla_amp.checkpoint.read`` reads a file)."""
+    from xla_amp.checkpoint._read import refused_content
     try:
         return torch.load(data, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise _refused(who, f"{file} (entry {key!r})", f"it holds {refused_content(e)}, not "
+                       "only tensors and plain data (unpickling it could run code)") from None
     except Exception as e:  # noqa: BLE001 -- weights_only raises several kinds
         lines = [s.strip() for s in str(e).splitlines() if s.strip()]
         why = next((s for s in lines if "unsupported" in s.lower()), None)

@@ -10,6 +10,7 @@
     sharded.save(path, model=model, optimizer=optimizer, scaler=scaler)
     sharded.load(path, model=model, optimizer=optimizer, scaler=scaler)  # any mesh
     sharded.save(path, ..., keep=3); sharded.versions(path)   # the 3 newest, newest first
+    sharded.save(path, ..., extra={"step": 7}); sharded.read_extra(path)   # plain JSON
 
 ``save`` / ``load`` / ``versions`` are the sharded format of
 ``xla_amp.checkpoint`` (xla_amp/checkpoint/sharded.py: the path's lock, a
@@ -26,6 +27,7 @@ from xla_amp.sharded._precision import ShardedPrecision
 from xla_amp.sharded._model import shard_model
 from xla_amp.sharded._state import check_sharding
 from xla_amp.sharded._checkpoint import load, save
-from xla_amp.checkpoint.sharded import versions
+from xla_amp.checkpoint.sharded import read_extra, versions
 
-__all__ = ["ShardedPrecision", "shard_model", "check_sharding", "save", "load", "versions"]
+__all__ = ["ShardedPrecision", "shard_model", "check_sharding", "save", "load", "versions",
+           "read_extra"]

@@ -11,14 +11,16 @@ from xla_amp.sharded._topology import check_processes
 
 
 def save(path: str | os.PathLike, *, model, optimizer=None, scaler=None,
-         keep: int = 1) -> None:
+         keep: int = 1, extra: dict | None = None) -> None:
     check_processes("xla_amp.sharded.save")
-    _format.save(path, model=model, optimizer=optimizer, scaler=scaler, keep=keep)
+    _format.save(path, model=model, optimizer=optimizer, scaler=scaler, keep=keep, extra=extra)
 
 
-def load(path: str | os.PathLike, *, model, optimizer=None, scaler=None) -> None:
+def load(path: str | os.PathLike, *, model, optimizer=None, scaler=None,
+         allow_rounding: bool = False) -> dict:
     check_processes("xla_amp.sharded.load")
-    _format.load(path, model=model, optimizer=optimizer, scaler=scaler)
+    return _format.load(path, model=model, optimizer=optimizer, scaler=scaler,
+                        allow_rounding=allow_rounding)
 
 
 save.__doc__ = _format.save.__doc__
