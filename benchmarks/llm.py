@@ -39,7 +39,8 @@ output) over the card's dense bf16 peak (H100 and H200: 989 TFLOP/s); peak
 device memory; the loss after --steps steps (the mean of the last 5) against
 xla-bf16's; for the XLA paths the optimized program's GEMMs by operand type
 and its cuBLASLt fp8 calls (``__cublas$lt$matmul$f8``) against all GEMMs
-(benchmarks/fp8_gpu.gemm_counts). Results: DIR/llm.json and DIR/llm.md (DIR:
+(benchmarks/fp8_gpu.gemm_counts); the Linear layers each path runs in fp8
+(the fp8 paths: 7 a decoder layer). Results: DIR/llm.json and DIR/llm.md (DIR:
 --out, else $OUT, else build/). Without an NVIDIA GPU (no nvidia-smi, or it
 lists none) and without --smoke: one line, exit 2. --smoke: a 2-layer,
 256-wide Llama, seq 64, a few steps, every path on the CPU (JAX's CPU
@@ -136,6 +137,7 @@ def xla_runner(path: str, args) -> Runner:
         torch.cuda.empty_cache()
     if path == "xla-fp8":
         fp8.convert(model, L.fp8_recipe())
+    layers = sum(isinstance(m, fp8.Fp8Linear) for m in model.modules())
     a = ADAMW
     step = xt.make_train_step(model, L.loss, optax.adamw(a["lr"], a["b1"], a["b2"], a["eps"],
                                                          weight_decay=a["weight_decay"]),
@@ -153,7 +155,8 @@ def xla_runner(path: str, args) -> Runner:
     optimized = lowered.compile().as_text()
     run(1)
     jax.block_until_ready(losses[-1])
-    info = {"compile_s": time.perf_counter() - t0, "gemm_types": gemm_types(optimized),
+    info = {"compile_s": time.perf_counter() - t0, "fp8_layers": layers,
+            "gemm_types": gemm_types(optimized),
             **gemm_counts(lowered.as_text(dialect="hlo"), optimized)}
 
     def memory():
@@ -172,6 +175,7 @@ def native_runner(path: str, args) -> Runner:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
         convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("tensorwise"),
                                    module_filter_fn=lambda m, fqn: fqn != "model.lm_head")
+    layers = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
     a = ADAMW
     opt = torch.optim.AdamW(model.parameters(), lr=a["lr"], betas=(a["b1"], a["b2"]),
                             eps=a["eps"], weight_decay=a["weight_decay"], fused=cuda)
@@ -201,7 +205,8 @@ def native_runner(path: str, args) -> Runner:
     run(1)
     sync()
     memory = (lambda: torch.cuda.max_memory_allocated()) if cuda else (lambda: None)
-    return Runner(run, sync, losses, {"compile_s": time.perf_counter() - t0, "memory": memory})
+    return Runner(run, sync, losses, {"compile_s": time.perf_counter() - t0, "memory": memory,
+                                      "fp8_layers": layers})
 
 
 def _fused_sdpa():
@@ -266,7 +271,7 @@ def table(results: dict, meta: dict) -> str:
     rows = []
     for path, r in results.items():
         if "tokens_per_s" not in r:
-            rows.append([path, r.get("not_run") or r.get("error", "?")[:200], *"-" * 7])
+            rows.append([path, r.get("not_run") or r.get("error", "?")[:200], *"-" * 8])
             continue
         gib = r["peak_memory_bytes"]
         gemms = "-"
@@ -278,13 +283,13 @@ def table(results: dict, meta: dict) -> str:
                      "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f} %",
                      "-" if gib is None else f"{gib / 2**30:.1f}", f"{r['compile_s']:.1f}",
                      f"{r['last_loss']:.4f}", pct(r["loss_vs_xla_bf16"]), gemms,
-                     r["steps"]])
+                     r["fp8_layers"], r["steps"]])
     head = (f"Llama-3-8B shapes, {meta['shape']}: seq {meta['seq']}, batch {meta['batch']}, "
             f"{meta['steps']} steps; {meta['card']}; {meta['mfu_formula']}, peak: "
             f"{meta['peak']}\n\n")
     return head + H.markdown_table(
         ["path", "tokens/s", "MFU", "peak GiB", "compile s", "loss", "vs xla-bf16",
-         "GEMMs: cuBLASLt fp8 / all; lowered; by operand type", "steps"], rows)
+         "GEMMs: cuBLASLt fp8 / all; lowered; by operand type", "fp8 layers", "steps"], rows)
 
 
 def main(argv=None) -> None:
