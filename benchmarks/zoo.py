@@ -6,11 +6,9 @@ builds them and their step).
     PJRT_DEVICE=CPU .venv/bin/python benchmarks/zoo.py --check --models resnet18 \
         --policies fp32,tpu,cuda,cpu,cuda:float16
 
-Each model (10 classes, small images: fitting_image) trains with xla_amp.autocast +
-GradScaler + syncfree.SGD(momentum=0.9) under each variant: ``fp32`` (no
-autocast), ``tpu``, ``cuda``, ``cpu`` (bfloat16 unless ``policy:dtype``);
-``+compiled`` after a variant (``tpu+compiled``) runs its forward and loss
-through ``torch.compile(backend="openxla")``.
+Each model trains with xla_amp.autocast + GradScaler + syncfree.SGD under
+each variant (fp32, tpu, cuda, cpu; zoo_models.py's docstring has their
+forms).
 
 ``--check``: the correctness sweep tests/zoo/ runs (tests/support/zoo_check.py:
 losses, executions and transfers per step, one JSON line per variant).
