@@ -73,6 +73,25 @@ def test_keep_is_refused_in_one_line_before_anything_is_written(device, tmp_path
     assert same(loaded(path, device), first)
 
 
+def test_extra_is_plain_json_kept_with_the_version_or_refused_before_anything_is_written(
+        device, tmp_path):
+    model, opt, scaler = build(1, device)
+    path = str(tmp_path / "ckpt")
+    for bad in ({"step": torch.ones(1)}, {"pos": (1, 2)}, {3: "x"}, ["step", 3]):
+        with pytest.raises(TypeError) as info:
+            sharded.save(path, model=model, optimizer=opt, scaler=scaler, extra=bad)
+        text = str(info.value)
+        assert text.startswith("xla_amp.sharded.save: extra must be a dict of plain JSON data")
+        assert text.endswith("nothing was written") and "\n" not in text, text
+        assert not os.path.exists(path)
+    sharded.save(path, model=model, optimizer=opt, scaler=scaler, keep=2,
+                 extra={"step": 7, "position": {"epoch": 1, "seen": [3, 4]}})
+    sharded.save(path, model=model, optimizer=opt, scaler=scaler, keep=2, extra={"step": 8})
+    assert sharded.read_extra(path) == {"step": 8}
+    assert sharded.read_extra(sharded.versions(path)[1])["position"]["seen"] == [3, 4]
+    assert sharded.load(path, model=fresh(device)[0]) == {"step": 8}
+
+
 def test_a_checkpoint_from_before_versions_loads_and_the_next_save_takes_it_over(
         device, tmp_path):
     path = str(tmp_path / "ckpt")
@@ -95,6 +114,30 @@ def test_a_checkpoint_from_before_versions_loads_and_the_next_save_takes_it_over
     save_old_format(plain, model, opt, scaler)
     save(plain, 2, device)
     assert listing(plain) == sorted([MANIFEST, "v000001"])
+
+
+def test_a_versioned_checkpoint_whose_record_predates_the_training_record_loads(
+        device, tmp_path):
+    """The layout the previous format wrote (versions, checksums, a record
+    without "training" or "extra"): it loads bit-identically into its own
+    mode, and into another one it is refused as then, nothing changed."""
+    path = str(tmp_path / "ckpt")
+    first = save(path, 1, device)
+    where = sharded.versions(path)[0]
+    record_file = os.path.join(where, "xla_amp_sharded.json")
+    with open(record_file) as f:
+        record = json.load(f)
+    with open(record_file, "w") as f:
+        json.dump({k: v for k, v in record.items() if k not in ("training", "extra")}, f)
+    assert same(loaded(path, device), first)
+    assert sharded.read_extra(path) == {}
+    model, opt, scaler = fresh(device)
+    opt = type(opt)(model.parameters(), lr=1e-2, master_weights=True)   # another mode
+    with pytest.raises(ValueError, match="was trained with master_weights=False, "
+                                         "stochastic_rounding=False .* this optimizer has "
+                                         "master_weights=True"):
+        sharded.load(path, model=model, optimizer=opt, scaler=scaler)
+    assert not opt.state
 
 
 def items(where):
