@@ -30,9 +30,10 @@ from tests.support.dtype_parity import SKIP, cases_for, input_dtypes
 TARGETS = ("lower_precision_fp", "fp32", "promote")
 MAX_OPS = 60
 # always in the sample: log_softmax (an override of it once lost on
-# torchax), and attention (its low-dtype
+# torchax), and every attention op the policy files name (SDPA's low-dtype
 # computation is xla_amp's own, xla_amp/policies/_attention.py, on every engine)
-ALWAYS = ("aten::log_softmax", "aten::scaled_dot_product_attention")
+ALWAYS = ("aten::log_softmax", "aten::scaled_dot_product_attention",
+          "aten::_native_multi_head_attention")
 LOW = torch.bfloat16
 
 

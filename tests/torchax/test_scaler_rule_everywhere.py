@@ -99,3 +99,42 @@ def test_a_bad_min_scale_is_refused_as_grad_scaler_refuses_it(bad, message):
     with pytest.raises(ValueError) as e:
         xt.LossScaler(init_scale=16.0, min_scale=bad)
     assert str(e.value).startswith(message), str(e.value)
+
+
+GOOD = {"scale": 16.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2,
+        "_growth_tracker": 1, "min_scale": None, "_skipped_steps": 3}
+BAD_STATES = [
+    ([1, 2], ValueError, "{who}: expected a dict, got list"),
+    ({}, RuntimeError, "The source state dict is empty"),
+    ({k: v for k, v in GOOD.items() if k != "_growth_tracker"}, ValueError,
+     "{who}: missing keys ['_growth_tracker']"),
+    ({**GOOD, "extra": 1}, ValueError, "{who}: unknown keys ['extra']"),
+    ({**GOOD, "scale": -1.0}, ValueError, "{who}: scale must be > 0, got -1.0"),
+    ({**GOOD, "scale": float("nan")}, ValueError, "{who}: scale must be finite, got nan"),
+    ({**GOOD, "_growth_tracker": -1}, ValueError, "{who}: _growth_tracker must be an int >= 0"),
+    ({**GOOD, "_skipped_steps": 1.5}, ValueError, "{who}: _skipped_steps must be an int >= 0"),
+]
+
+
+@pytest.mark.parametrize("state,error,message", BAD_STATES)
+def test_a_bad_state_dict_is_refused_alike_by_both_scalers(state, error, message):
+    """One reader (xla_amp/scaler/_state_dict.read): the same refusal from
+    GradScaler and LossScaler, each naming itself; neither scaler changes."""
+    from xla_amp.scaler import GradScaler
+    grad_scaler = GradScaler(init_scale=8.0)
+    loss_scaler = xt.LossScaler(init_scale=16.0, growth_interval=2)
+    for who, load in (("GradScaler.load_state_dict", grad_scaler.load_state_dict),
+                      ("LossScaler.load_state_dict", loss_scaler.load_state_dict)):
+        with pytest.raises(error) as e:
+            load(state)
+        assert str(e.value).startswith(message.format(who=who)), str(e.value)
+    assert grad_scaler.state_dict()["scale"] == 8.0
+
+
+def test_a_loss_scaler_takes_only_its_own_configuration():
+    scaler = xt.LossScaler(init_scale=16.0, growth_interval=2)
+    state = scaler.load_state_dict(GOOD, device="cpu")
+    assert float(state["scale"]) == 16.0 and int(state["growth_tracker"]) == 1
+    assert int(state["skipped"]) == 3
+    with pytest.raises(ValueError, match=r"growth_interval is 5 in the state, 2 here"):
+        scaler.load_state_dict({**GOOD, "growth_interval": 5}, device="cpu")

@@ -6,7 +6,7 @@
     _masked_step.py  a step of any other optimizer, undone on the device
     _update.py       the scale's update rule, on the device
     _checks.py       the settings' invariants, one place for every entry point
-    _state_dict.py   checkpointing and pickling
+    _state_dict.py   the state-dict format, written and read (GradScaler, LossScaler)
 """
 from xla_amp.scaler._grad_scaler import GradScaler, OptState
 

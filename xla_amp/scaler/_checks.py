@@ -12,6 +12,8 @@ from typing import Optional
 
 import torch
 
+from xla_amp import _devices
+
 STATE_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval",
                "_growth_tracker", "min_scale", "_skipped_steps")
 
@@ -66,3 +68,23 @@ def checked(values: dict, who: str, shown: Optional[dict] = None) -> dict:
             f" ({scale:g}): below its floor the scale could never back off, and every "
             "overflowing step would be skipped at that scale for good")
     return out
+
+
+def new_scale(value, min_scale: Optional[float]):
+    """``GradScaler.update(new_scale)``'s argument: a float, checked as
+    ``init_scale`` is (finite, > 0, not below `min_scale`), or a 1-element
+    tensor with requires_grad=False, taken as it is."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return checked({"init_scale": value, "min_scale": min_scale}, "GradScaler.update",
+                       {"init_scale": "new_scale"})["init_scale"]
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.requires_grad:
+        return value
+    raise ValueError("GradScaler.update: new_scale must be a float or a 1-element tensor "
+                     f"with requires_grad=False, got {value!r}")
+
+
+def on_engine_device(device: torch.device, what: str) -> None:
+    """ValueError unless `device` is one an xla_amp engine drives."""
+    if device.type != "xla" and not _devices.is_engine_type(device.type):
+        raise ValueError(f"GradScaler: {what} is on '{device}', not on an XLA device; use "
+                         "torch.amp.GradScaler for other devices")

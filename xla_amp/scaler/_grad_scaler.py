@@ -15,16 +15,12 @@ Algorithm (one iteration; scale and growth_tracker are device tensors)::
                       fused torch.optim opt off XLA (a PrivateUse1 device):
                                     opt.found_inf = found_inf[opt]; opt.step()
                       other opt:    masked step (below)
-    update()          found = sum(found_inf[*]) != 0;  skipped += found
-                      found ? (scale = max(scale * backoff, min(min_scale, scale)), tracker = 0)
-                            : (tracker += 1; tracker == interval ?   (==, as torch)
-                                 (scale *= growth if finite, tracker = 0))
+    update()          found = sum(found_inf[*]) != 0; scale, tracker, skipped
+                      by _update.next_scale's rule, in tensor ops on the device
 
-``update`` is plain tensor ops with the factors as graph inputs
-(xla_amp/scaler/_update.py says why not ``torch._amp_update_scale_``).
-
-Any other optimizer takes a masked step (xla_amp/scaler/_masked_step.py): it runs, and
-its effects are undone on the device when found_inf is set.
+The class owns its state; _update.py (the rule), _state_dict.py (the
+format), _unscale.py, _step.py, _masked_step.py and _checks.py are
+functions it calls.
 
 Each optimizer goes through a state machine per iteration::
 
@@ -39,11 +35,9 @@ from typing import Any, Optional, Union
 
 import torch
 
-from xla_amp import _devices
 from xla_amp._param_walk import check_on_xla as _check_on_xla, check_optimizer as _check_optimizer
 from xla_amp._upload import upload
-from xla_amp.scaler import _step, _update, _unscale
-from xla_amp.scaler._state_dict import ScalerStateDict
+from xla_amp.scaler import _checks, _state_dict, _step, _update, _unscale
 from xla_amp.scaler._checks import checked as _checked
 
 __all__ = ["GradScaler", "OptState"]
@@ -59,11 +53,10 @@ class _PerOptimizer:
     __slots__ = ("stage", "found_inf_per_device")
 
     def __init__(self):
-        self.stage = OptState.READY
-        self.found_inf_per_device: dict[torch.device, torch.Tensor] = {}
+        self.stage, self.found_inf_per_device = OptState.READY, {}
 
 
-class GradScaler(ScalerStateDict):
+class GradScaler:
     """Dynamic loss scaling with ``torch.amp.GradScaler``'s schedule and
     state-dict format, for parameters on an XLA device.
 
@@ -91,14 +84,12 @@ class GradScaler(ScalerStateDict):
                            "backoff_factor": backoff_factor,
                            "growth_interval": growth_interval, "min_scale": min_scale},
                           "GradScaler")
-        self._init_scale = values["init_scale"]
-        self._growth_factor = values["growth_factor"]
-        self._backoff_factor = values["backoff_factor"]
+        self._init_scale, self._min_scale = values["init_scale"], values["min_scale"]
+        self._growth_factor, self._backoff_factor = (values["growth_factor"],
+                                                     values["backoff_factor"])
         self._growth_interval = values["growth_interval"]
-        self._min_scale = values["min_scale"]
-        self._init_growth_tracker = 0
-        self._init_skipped = 0
-        # Created on the loss's device by the first scale() call.
+        self._init_growth_tracker = self._init_skipped = 0
+        # device tensors, created on the loss's device by the first scale() call
         self._scale: Optional[torch.Tensor] = None
         self._growth_tracker: Optional[torch.Tensor] = None
         self._skipped: Optional[torch.Tensor] = None
@@ -108,15 +99,12 @@ class GradScaler(ScalerStateDict):
     # -- the iteration ------------------------------------------------------
 
     def scale(self, outputs):
-        """Multiply a loss (or a tensor / nested list / tuple of them) by the
-        scale factor; call it on the loss before ``backward()``.
-
-        Returns ``outputs`` unchanged when disabled.
-        """
+        """A loss (or a tensor / nested list / tuple of them) times the scale
+        factor; call it on the loss before ``backward()``. As is when disabled."""
         if not self._enabled:
             return outputs
         if isinstance(outputs, torch.Tensor):
-            self._check_xla(outputs.device, "scale(): the output")
+            _checks.on_engine_device(outputs.device, "scale(): the output")
             if self._scale is None:
                 self._lazy_init(outputs.device)
             return outputs * self._scale.to(outputs.device)
@@ -138,12 +126,9 @@ class GradScaler(ScalerStateDict):
         """Divide the optimizer's gradients by the scale and record whether
         any is inf/NaN (on the device).
 
-        Optional: call it between ``backward()`` and :meth:`step` when you
-        need the true gradients (e.g. ``clip_grad_norm_``). At most once per
-        optimizer per iteration; :meth:`step` calls it otherwise. A parameter
-        of ``optimizer`` not on the XLA device is refused (``ValueError``
-        naming it) before anything changes, as in :meth:`step`.
-        """
+        Optional, between ``backward()`` and :meth:`step`, for the true
+        gradients (``clip_grad_norm_``); at most once per optimizer per
+        iteration (:meth:`step` calls it otherwise). Refuses what step refuses."""
         if not self._enabled:
             return
         _check_on_xla(optimizer, "GradScaler.unscale_")
@@ -158,7 +143,7 @@ class GradScaler(ScalerStateDict):
                 "unscale_() has already been called on this optimizer since the last update().")
         if st.stage is OptState.STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
-        grads = _unscale.collect(optimizer, self._check_xla)  # validates before touching anything
+        grads = _unscale.collect(optimizer, _checks.on_engine_device)  # validates before touching anything
         # Reciprocal in double: exact for the power-of-two scales of the schedule
         # and the same rounding as torch.amp.GradScaler otherwise.
         inv_scale = self._scale.double().reciprocal().float()
@@ -173,15 +158,12 @@ class GradScaler(ScalerStateDict):
         """Unscale (unless :meth:`unscale_` was called) and update the
         parameters, skipping the update when a gradient is inf/NaN.
 
-        Call once per optimizer per iteration, after ``backward()`` and
-        before :meth:`update`. Extra arguments go to ``optimizer.step``.
-        Sync-free for ``xla_amp.syncfree`` optimizers; see the module
-        docstring for others. Closures are not supported (``None`` in the
-        closure's place, as Accelerate passes, is no closure). An optimizer
-        holding a parameter that is not on the XLA device (one built before
-        its model moved) is refused with a ``ValueError`` naming the first
-        such parameter, before the scale, the state or any parameter changes.
-        """
+        Once per optimizer per iteration, after ``backward()`` and before
+        :meth:`update`; extra arguments go to ``optimizer.step``. No closures
+        (``None`` in the closure's place, as Accelerate passes, is none). A
+        parameter not on the XLA device (an optimizer built before its model
+        moved) is refused with a ``ValueError`` naming it, before anything
+        changes."""
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
         if args[:1] == (None,):
@@ -215,30 +197,32 @@ class GradScaler(ScalerStateDict):
             return
         self._check_started("update()")
         if new_scale is not None:
-            if isinstance(new_scale, (int, float)) and not isinstance(new_scale, bool):
-                new_scale = _checked({"init_scale": new_scale, "min_scale": self._min_scale},
-                                     "GradScaler.update", {"init_scale": "new_scale"})
-                self._scale.fill_(new_scale["init_scale"])
-            elif (isinstance(new_scale, torch.Tensor) and new_scale.numel() == 1
-                  and not new_scale.requires_grad):
-                self._scale.copy_(new_scale.reshape(()).to(self._scale))
+            new_scale = _checks.new_scale(new_scale, self._min_scale)
+            if isinstance(new_scale, float):
+                self._scale.fill_(new_scale)
             else:
-                raise ValueError(
-                    "GradScaler.update: new_scale must be a float or a 1-element tensor "
-                    f"with requires_grad=False, got {new_scale!r}")
+                self._scale.copy_(new_scale.reshape(()).to(self._scale))
         else:
-            found = [f.to(self._scale.device)
-                     for st in self._per_optimizer.values()
+            found = [f for st in self._per_optimizer.values()
                      for f in st.found_inf_per_device.values()]
             if not found:
                 raise RuntimeError(
                     "update(): no inf checks were recorded prior to update(); call "
                     "step() (or unscale_()) for at least one optimizer first.")
-            total = found[0]
-            for f in found[1:]:
-                total = total + f
-            _update.update_on_device(self, total != 0)
+            self._advance(_sum(found, self._scale.device) != 0)
         self._per_optimizer = self._fresh_iteration()
+
+    def _advance(self, found: torch.Tensor) -> None:
+        """The scale, growth tracker and skip count after an iteration whose
+        overflow is `found` (a device bool): _update.next_scale's rule. New
+        tensors, not in-place writes: made at every step, they keep one place
+        in the order of the step's outputs, so the first step's graph is
+        every step's."""
+        with torch.no_grad():
+            self._scale, self._growth_tracker = _update.next_scale(
+                self._scale, self._growth_tracker, found, self._growth_factor,
+                self._backoff_factor, self._growth_interval, self._min_scale)
+            self._skipped = self._skipped + found.to(self._skipped.dtype)
 
     # -- queries and settings ---------------------------------------------
 
@@ -264,24 +248,22 @@ class GradScaler(ScalerStateDict):
     def get_growth_factor(self) -> float:
         return self._growth_factor
 
-    def set_growth_factor(self, new_factor: float) -> None:
-        """Takes effect at the next :meth:`update` (no recompilation)."""
-        self._growth_factor = _checked({"growth_factor": new_factor}, "set_growth_factor")[
-            "growth_factor"]
-
     def get_backoff_factor(self) -> float:
         return self._backoff_factor
-
-    def set_backoff_factor(self, new_factor: float) -> None:
-        """Takes effect at the next :meth:`update` (no recompilation)."""
-        self._backoff_factor = _checked({"backoff_factor": new_factor}, "set_backoff_factor")[
-            "backoff_factor"]
 
     def get_growth_interval(self) -> int:
         return self._growth_interval
 
+    # the setters take effect at the next update() (no recompilation)
+    def set_growth_factor(self, new_factor: float) -> None:
+        self._growth_factor = _checked({"growth_factor": new_factor},
+                                       "set_growth_factor")["growth_factor"]
+
+    def set_backoff_factor(self, new_factor: float) -> None:
+        self._backoff_factor = _checked({"backoff_factor": new_factor},
+                                        "set_backoff_factor")["backoff_factor"]
+
     def set_growth_interval(self, new_interval: int) -> None:
-        """Takes effect at the next :meth:`update` (no recompilation)."""
         self._growth_interval = _checked({"growth_interval": new_interval},
                                          "set_growth_interval")["growth_interval"]
 
@@ -290,43 +272,36 @@ class GradScaler(ScalerStateDict):
 
     def overflow_report(self, optimizer, last_skipped: bool = False) -> list[str]:
         """Names of `optimizer`'s parameters whose gradients were inf/NaN in the
-        last step (``last_skipped=True``: in the latest step that had any,
-        however long ago), from per-gradient flags kept on the device; names
-        come from param groups built with ``named_parameters()``, else
-        "group g, index i". Call it after :meth:`step`; reading it is the
-        one transfer. [] before the first step and when disabled; a
-        `TypeError` when `optimizer` is not an optimizer."""
+        last step (``last_skipped=True``: in the latest step that had any),
+        from per-gradient flags kept on the device; names from param groups
+        built with ``named_parameters()``, else "group g, index i". Call it
+        after :meth:`step`; reading it is the one transfer. [] before the
+        first step and when disabled; TypeError for a non-optimizer."""
         _check_optimizer(optimizer, "GradScaler.overflow_report")
-        if not self._enabled:
-            return []
-        record = self._overflow.get(id(optimizer))
+        record = self._overflow.get(id(optimizer)) if self._enabled else None
         if record is None:
             return []
         return _unscale.names(optimizer, record.last_skipped if last_skipped else record.last)
 
     def skipped_steps_tensor(self) -> Optional[torch.Tensor]:
         """The device counter :meth:`skipped_steps` reads (int64; None before the
-        first :meth:`scale` or when disabled), to fold into another read.
-        :meth:`update` replaces it with a new tensor: take it again after
-        each update."""
+        first :meth:`scale` or when disabled), to fold into another read; a
+        new tensor after each :meth:`update`."""
         return self._skipped if self._enabled else None
 
     def skipped_steps(self) -> int:
         """Steps skipped (inf/NaN gradients) since construction, counted on
         the device inside the step's graph; calling this reads it (one
         device-to-host transfer): keep it out of the training step."""
-        if not self._enabled:
-            return 0
-        if self._skipped is None:
-            return self._init_skipped
-        return int(self._skipped.item())
+        return self._read(self._skipped, self._init_skipped)
 
     def _get_growth_tracker(self) -> int:
-        if not self._enabled:
-            return 0
-        if self._growth_tracker is None:
-            return self._init_growth_tracker
-        return int(self._growth_tracker.item())
+        return self._read(self._growth_tracker, self._init_growth_tracker)
+
+    def _read(self, value: Optional[torch.Tensor], initial: int) -> int:
+        """A device counter read back (a transfer); `initial` before the first
+        scale(); 0 when disabled."""
+        return 0 if not self._enabled else initial if value is None else int(value.item())
 
     # -- helpers ----------------------------------------------------------
 
@@ -349,13 +324,6 @@ class GradScaler(ScalerStateDict):
                 f"GradScaler.{what} called before scale(): the scale lives on the loss's "
                 "device and is created by scaler.scale(loss) earlier in the iteration.")
 
-    @staticmethod
-    def _check_xla(device: torch.device, what: str) -> None:
-        if device.type != "xla" and not _devices.is_engine_type(device.type):
-            raise ValueError(
-                f"GradScaler: {what} is on '{device}', not on an XLA device; use "
-                "torch.amp.GradScaler for other devices")
-
     def found_inf_flags(self, optimizer) -> list[torch.Tensor]:
         """This iteration's per-device skip flags (device tensors) for
         `optimizer` once :meth:`unscale_` ran, else []. For data-parallel
@@ -370,10 +338,62 @@ class GradScaler(ScalerStateDict):
         return list(st.found_inf_per_device.values())
 
     def _combined_found_inf(self, st: _PerOptimizer) -> torch.Tensor:
-        found = list(st.found_inf_per_device.values())
-        if not found:
+        if not st.found_inf_per_device:
             raise RuntimeError("No inf checks were recorded for this optimizer.")
-        total = found[0]
-        for f in found[1:]:
-            total = total + f.to(total.device)
-        return total
+        return _sum(list(st.found_inf_per_device.values()))
+
+    # -- checkpointing and pickling ---------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """``torch.amp.GradScaler``'s format plus ``min_scale`` and
+        ``_skipped_steps`` (xla_amp/scaler/_state_dict.py; empty when
+        disabled). Call it after :meth:`update`; it reads the scale back."""
+        if not self._enabled:
+            return {}
+        return _state_dict.write(self.get_scale(), self._growth_factor, self._backoff_factor,
+                                 self._growth_interval, self._get_growth_tracker(),
+                                 self._min_scale, self.skipped_steps())
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state dict of this class, of ``torch.amp.GradScaler`` or of
+        ``xla_amp.torchax.LossScaler``; a no-op when disabled. Call it between
+        iterations. Every field is checked before any is set: a bad one
+        raises ``ValueError`` naming it and the scaler is unchanged."""
+        if not self._enabled:
+            return
+        v = _state_dict.read(state_dict, "GradScaler.load_state_dict")
+        self._init_scale, self._min_scale = v["init_scale"], v["min_scale"]
+        self._growth_factor, self._backoff_factor = v["growth_factor"], v["backoff_factor"]
+        self._growth_interval = v["growth_interval"]
+        self._init_growth_tracker, self._init_skipped = v["_growth_tracker"], v["_skipped_steps"]
+        if self._scale is not None:  # fresh uploads: an in-place fill would put
+            # the fill into the next step's graph and compile it anew
+            self._lazy_init(self._scale.device)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        if self._enabled:
+            if self._per_optimizer:
+                raise RuntimeError(
+                    "A GradScaler instance may only be pickled at the beginning "
+                    "of an iteration, or at the end after scaler.update().")
+            # device tensors do not pickle; keep the values
+            state.update(_init_scale=self.get_scale(), _init_skipped=self.skipped_steps(),
+                         _init_growth_tracker=self._get_growth_tracker(), _scale=None,
+                         _growth_tracker=None, _skipped=None, _per_optimizer=None, _overflow={})
+        return state
+
+    def __setstate__(self, state):
+        for name, value in (("_min_scale", None), ("_init_skipped", 0), ("_skipped", None),
+                            ("_overflow", {})):  # pickled before these existed
+            state.setdefault(name, value)
+        self.__dict__.update(state)
+        self._per_optimizer = self._fresh_iteration()
+
+
+def _sum(flags: list[torch.Tensor], device: Optional[torch.device] = None) -> torch.Tensor:
+    """The sum of per-device overflow flags, on `device` (the first flag's)."""
+    total = flags[0] if device is None else flags[0].to(device)
+    for f in flags[1:]:
+        total = total + f.to(device)
+    return total

@@ -2,7 +2,7 @@
 
     found ? (scale = max(scale * backoff, min(min_scale, scale)), tracker = 0)
           : (tracker += 1; tracker == interval ? (scale *= growth if finite, tracker = 0))
-    skipped += found
+    skipped += found          (GradScaler.update, LossScaler.update)
 
 Written with plain tensor ops whose factors are traced as graph inputs, not
 with ``torch._amp_update_scale_``: PyTorch/XLA lowers that op to a node that
@@ -34,19 +34,3 @@ def next_scale(scale, tracker, found, growth_factor, backoff_factor, growth_inte
     new_scale = torch.where(found, backed_off.float(), torch.where(grow, grown, scale))
     new_tracker = torch.where(found | grow, torch.zeros_like(successful), successful)
     return new_scale, new_tracker
-
-
-def update_on_device(scaler, found: torch.Tensor) -> None:
-    """Update `scaler`'s device scale, growth tracker and skip count from
-    this iteration's `found` (a device bool)."""
-    with torch.no_grad():
-        new_scale, new_tracker = next_scale(
-            scaler._scale, scaler._growth_tracker, found, scaler._growth_factor,
-            scaler._backoff_factor, scaler._growth_interval, scaler._min_scale)
-        # new tensors, not in-place writes: made here at every step, they keep
-        # one place in the order of the step's outputs, so the first step's
-        # graph is every step's (in-place, the first scale() would have made
-        # them after the forward where later steps have them before it)
-        scaler._scale = new_scale
-        scaler._growth_tracker = new_tracker
-        scaler._skipped = scaler._skipped + found.to(scaler._skipped.dtype)

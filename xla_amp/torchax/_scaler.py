@@ -34,9 +34,7 @@ import math
 import torch
 from torch.utils import _pytree as pytree
 
-from xla_amp.scaler import _checks, _update
-
-_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
+from xla_amp.scaler import _checks, _state_dict, _update
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,46 +113,30 @@ class LossScaler:
         scalars from the device: call at checkpoint time, not in the step)."""
         if not self.enabled:
             return {}
-        return {"scale": float(_host(state["scale"])), "growth_factor": self.growth_factor,
-                "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval,
-                "_growth_tracker": int(_host(state["growth_tracker"])),
-                "min_scale": self.min_scale, "_skipped_steps": int(_host(state["skipped"]))}
+        return _state_dict.write(float(_host(state["scale"])), self.growth_factor,
+                                 self.backoff_factor, self.growth_interval,
+                                 int(_host(state["growth_tracker"])), self.min_scale,
+                                 int(_host(state["skipped"])))
 
     def load_state_dict(self, state_dict, device="jax") -> dict[str, torch.Tensor]:
-        """A state from a `state_dict` (ours or a torch_xla / torch GradScaler's);
-        refuses a different configuration or bad values before building anything."""
-        if not isinstance(state_dict, dict):
-            raise TypeError(f"LossScaler.load_state_dict: expected a dict, got "
-                            f"{type(state_dict).__name__}")
+        """A state from a `state_dict` (ours or a torch_xla / torch GradScaler's),
+        checked as GradScaler checks one (xla_amp/scaler/_state_dict.py); a
+        configuration other than this scaler's is refused (the jitted step
+        holds it) before anything is built."""
         if not self.enabled:
-            if state_dict:
+            if not isinstance(state_dict, dict) or state_dict:
                 raise ValueError("LossScaler.load_state_dict: this scaler is disabled but the "
                                  "state holds a scale")
             return self.init(device)
-        missing = [k for k in _KEYS if k not in state_dict]
-        if missing:
-            raise ValueError(f"LossScaler.load_state_dict: missing {', '.join(missing)}")
+        v = _state_dict.read(state_dict, "LossScaler.load_state_dict")
         for key in ("growth_factor", "backoff_factor", "growth_interval", "min_scale"):
             if key == "min_scale" and key not in state_dict:
                 continue  # torch.amp.GradScaler's format: no floor recorded
-            if state_dict[key] != getattr(self, key):
+            if v[key] != getattr(self, key):
                 raise ValueError(
                     f"LossScaler.load_state_dict: {key} is {state_dict[key]!r} in the state, "
                     f"{getattr(self, key)!r} here; build the LossScaler with the saved one")
-        scale, tracker = state_dict["scale"], state_dict["_growth_tracker"]
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) \
-                or not math.isfinite(scale) or scale <= 0:
-            raise ValueError(f"LossScaler.load_state_dict: scale must be finite and > 0, "
-                             f"got {scale!r}")
-        if isinstance(tracker, bool) or not isinstance(tracker, int) \
-                or not 0 <= tracker < self.growth_interval:
-            raise ValueError(f"LossScaler.load_state_dict: _growth_tracker must be an int in "
-                             f"[0, {self.growth_interval}), got {tracker!r}")
-        skipped = state_dict.get("_skipped_steps", 0)
-        if isinstance(skipped, bool) or not isinstance(skipped, int) or skipped < 0:
-            raise ValueError(f"LossScaler.load_state_dict: _skipped_steps must be an int >= 0, "
-                             f"got {skipped!r}")
-        return _state(float(scale), tracker, skipped, device)
+        return _state(v["init_scale"], v["_growth_tracker"], v["_skipped_steps"], device)
 
 
 def _state(scale, tracker, skipped, device) -> dict[str, torch.Tensor]:
