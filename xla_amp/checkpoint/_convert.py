@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from xla_amp.checkpoint._errors import CheckpointError
-from xla_amp.checkpoint._record import group_of, mode_name
+from xla_amp.checkpoint._record import dtype_name, group_of, mode_name
 
 _MASTER, _COUNTER = "master", "sr_counter"
 
@@ -102,14 +102,14 @@ def convert(state: dict[str, Any], target: dict[str, Any], *,
             if not allow_rounding and not _same(new.to(full.dtype), full):
                 raise CheckpointError(
                     f"cannot resume a run of {mode_name(saved)} as {mode_name(target)}: "
-                    f"{name} would be rounded from {str(full.dtype)[6:]} to {want} and the "
+                    f"{name} would be rounded from {dtype_name(full.dtype)} to {want} and the "
                     "lost bits kept nowhere; resume with master weights, or round on "
                     "purpose (allow_rounding=True)")
         if new is not value:
             how = (" (from the fp32 master)" if full is not value
                    else " (the fp32 values kept as its master)" if st and st.get(_MASTER) is full
                    else "")
-            done.append(f"{name}: {str(value.dtype)[6:]} -> {want}{how}")
+            done.append(f"{name}: {dtype_name(value.dtype)} -> {want}{how}")
         model[name] = new
         if st is not None:
             if not master_wanted:

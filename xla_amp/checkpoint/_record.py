@@ -49,6 +49,12 @@ def dtype_name(dtype: Optional[torch.dtype]) -> Optional[str]:
     return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
+def tensor_text(size, dtype) -> str:
+    """``"[8, 4] bfloat16"``: a tensor's shape and dtype, as every refusal of
+    a checkpoint entry names them."""
+    return f"{list(size)} {dtype_name(dtype)}"
+
+
 def mesh_record(mesh) -> Optional[dict]:
     """An SPMD mesh (``torch_xla.distributed.spmd.Mesh``) as plain data."""
     if mesh is None:

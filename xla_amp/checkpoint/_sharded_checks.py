@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from xla_amp.checkpoint._record import tensor_text
+
 
 def flatten(state: dict[str, Any]) -> dict[str, Any]:
     """`state` flattened into DCP keys, as the SPMD planners flatten it."""
@@ -40,24 +42,16 @@ def flatten(state: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
-def _dtype(d: torch.dtype) -> str:
-    return str(d).replace("torch.", "")
-
-
-def _tensor_text(size, dtype) -> str:
-    return f"{list(size)} {_dtype(dtype)}"
-
-
 def _entry_text(md) -> str:
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     if isinstance(md, TensorStorageMetadata):
-        return _tensor_text(md.size, md.properties.dtype)
+        return tensor_text(md.size, md.properties.dtype)
     return "a non-tensor entry"
 
 
 def _here_text(value) -> str:
     if isinstance(value, torch.Tensor):
-        return _tensor_text(value.shape, value.dtype)
+        return tensor_text(value.shape, value.dtype)
     return f"a {type(value).__name__}"
 
 

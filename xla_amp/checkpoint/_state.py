@@ -26,7 +26,7 @@ from xla_amp.checkpoint._convert import convert
 from xla_amp.checkpoint._errors import CheckpointError
 from xla_amp.checkpoint._files import write_atomic
 from xla_amp.checkpoint._read import read
-from xla_amp.checkpoint._record import training_record
+from xla_amp.checkpoint._record import tensor_text, training_record
 
 FORMAT = "xla_amp-checkpoint/1"
 
@@ -101,10 +101,10 @@ def _check_model(saved: dict, model: torch.nn.Module) -> None:
         s = saved[k]
         if isinstance(v, torch.Tensor) and (not isinstance(s, torch.Tensor)
                                             or s.shape != v.shape or s.dtype != v.dtype):
-            got = (f"{list(s.shape)} {str(s.dtype)[6:]}" if isinstance(s, torch.Tensor)
+            got = (tensor_text(s.shape, s.dtype) if isinstance(s, torch.Tensor)
                    else type(s).__name__)
             raise CheckpointError(f"the checkpoint's {k} is {got}, this model's is "
-                                  f"{list(v.shape)} {str(v.dtype)[6:]}")
+                                  f"{tensor_text(v.shape, v.dtype)}")
 
 
 def restore(state: dict, *, model, optimizer=None, scaler=None, amp_dtype=None,
