@@ -6,6 +6,8 @@ the same batches in every run.
 
     python tests/sharded/_sharded_reshard.py N --steps 15 --save-at 5 --ckpt DIR
     python tests/sharded/_sharded_reshard.py M --steps 15 --load DIR --start 5
+    ... --precision amp     the resumed run in fp32 parameters, bf16 compute
+                            (the checkpoint converted: its masters become the weights)
 
 Prints one JSON object: the losses of the steps it ran, the loss of the
 model before the restore on the first batch after it, what `load` printed
@@ -25,6 +27,7 @@ ap.add_argument("--save-at", type=int, default=0)
 ap.add_argument("--ckpt", default="")
 ap.add_argument("--load", default="")
 ap.add_argument("--start", type=int, default=0)
+ap.add_argument("--precision", default="bf16_master", choices=["bf16_master", "amp"])
 args = ap.parse_args()
 os.environ["PJRT_DEVICE"] = "CPU"
 os.environ["CPU_NUM_DEVICES"] = str(args.devices)
@@ -48,7 +51,7 @@ assert n == args.devices, (n, args.devices)
 mesh = xs.Mesh(np.arange(n), (n,), ("fsdp",))
 torch.manual_seed(0)
 net = nn.Sequential(nn.Linear(12, 32), nn.LayerNorm(32), nn.GELU(), nn.Linear(32, 10))
-precision = sharded.ShardedPrecision.bf16_master()
+precision = getattr(sharded.ShardedPrecision, args.precision)()
 model = sharded.shard_model(net, precision, mesh=mesh)
 opt = syncfree.AdamW(model.parameters(), lr=1e-2, **precision.optimizer_options())
 scaler = xla_amp.GradScaler()
@@ -93,5 +96,6 @@ while k < args.steps:
 out["losses"] = losses
 out["scale"] = scaler.get_scale()
 out["sharding_mismatches"] = _sharding.mismatches(opt)
+out["param_dtypes"] = sorted({str(p.dtype) for p in model.parameters()})
 print(json.dumps(out))
 sys.stdout.flush()

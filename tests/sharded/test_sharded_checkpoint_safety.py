@@ -7,8 +7,8 @@ loaded; the payload never runs, the model is unchanged, and the real
 checkpoint still loads. The crafted files come with a record whose
 checksums match them (a checksum finds damage, not a stranger's file:
 what keeps the payload from running is the restricted reader). Pinned
-upstream behaviour (torch 2.9 / torch_xla 2.9), the reason for xla_amp/checkpoint/_sharded_metadata.py: DCP's
-``FileSystemReader.read_metadata`` runs the ``.metadata`` payload, and
+upstream behaviour (torch 2.9 / torch_xla 2.9), the reason for
+xla_amp/checkpoint/_sharded_metadata.py: DCP's ``FileSystemReader.read_metadata`` runs the ``.metadata`` payload, and
 ``SPMDLoadPlanner.load_bytes`` runs a non-tensor entry's payload once
 ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` is set."""
 import dataclasses

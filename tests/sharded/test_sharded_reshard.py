@@ -7,7 +7,9 @@ at step 5 the loss stays within 1 % of the uninterrupted N-device run at
 each of 10 steps -- while the same model not restored starts more than
 1 % away, so the bound sees a lost restore --, `load` prints nothing,
 the optimizer state is sharded as its parameter on the new mesh, and the
-checkpoint's record names the mesh it was trained on."""
+checkpoint's record names the mesh it was trained on. And 4 -> 2 into
+another precision mode (fp32 parameters: the fp32 masters become them),
+converted on the new mesh."""
 import functools
 import json
 import os
@@ -69,3 +71,15 @@ def test_checkpoint_of_n_devices_resumes_on_m(root, n, m):
     if m > 1:  # the new mesh's shardings, the 10-element bias padded over 4
         assert all(s.startswith("{devices=") and f"{m}" in s for s in resumed["specs"]), resumed
     assert resumed["scale"] == whole["scale"]
+
+
+def test_checkpoint_of_4_devices_resumes_on_2_in_another_precision_mode(root):
+    ckpt, whole = saved(4, root)
+    resumed = run(2, "--load", ckpt, "--start", str(SAVE_AT), "--precision", "amp")
+    assert resumed["param_dtypes"] == ["torch.float32"] and resumed["load_printed"] == ""
+    assert resumed["sharding_mismatches"] == [], resumed
+    assert all(s.startswith("{devices=") and "2" in s for s in resumed["specs"]), resumed
+    want = whole["losses"][SAVE_AT:]
+    for k, (a, b) in enumerate(zip(resumed["losses"], want), SAVE_AT + 1):  # now fp32 weights
+        assert abs(a - b) <= 0.02 * abs(b), (f"step {k} loss {a} vs {b}", resumed["losses"], want)
+    assert abs(resumed["fresh_loss"] - want[0]) > 0.02 * abs(want[0]), resumed
