@@ -175,7 +175,7 @@ def test_dynamic_shapes(device):
 
 
 @pytest.mark.parametrize("bad,match", [
-    (dict(device="cpu"), "not an XLA device"),
+    (dict(device="cpu"), "no xla_amp engine serves device .cpu."),
     (dict(device="xla", dtype=torch.int32), "dtype must be a floating"),
     (dict(device="xla", policy="no-such-policy"), "no-such-policy"),
 ])

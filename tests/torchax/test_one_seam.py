@@ -16,23 +16,16 @@ import xla_amp.torchax as xt
 from xla_amp import engines
 from xla_amp.privateuse1._region import autocast as privateuse1_autocast
 
+from tests.engines.test_engines import assert_implements_every_hook
+
 pytestmark = pytest.mark.torchax
 
 
-def test_for_device_picks_each_engine():
-    assert engines.for_device("xla:0").name == "torch_xla"
-    assert engines.for_device(torch.device("xla", 1)).name == "torch_xla"
-    assert engines.for_device("jax").name == "torchax"
+def test_torchax_devices_pick_the_torchax_engine():
     assert engines.for_device(torch.device("jax")).name == "torchax"
-    with pytest.raises(ValueError, match=r"^xla_amp: no xla_amp engine serves device 'cuda:0'; "
-                                         r"engines: torch_xla \(xla: pip install torch==2\.9\.0.*"
-                                         r"privateuse1 \(no device yet: .*torch-tpu.*"
-                                         r"torchax \(jax: pip install torchax==0\.0\.13"):
-        engines.for_device("cuda:0")
-    with pytest.raises(ValueError, match=r"^autocast: no xla_amp engine serves device 'cpu'"):
-        xla_amp.autocast("cpu")
-    with pytest.raises(ValueError, match=r"is not a device"):
-        engines.for_device(3.5)
+    with ENV:
+        (x,) = to_jax([torch.ones(2)])
+    assert engines.for_device(x.device).name == "torchax"
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"policy": "cuda", "dtype": torch.float16},
@@ -120,3 +113,7 @@ def test_module_policies_takes_the_engine_of_the_model():
         finally:
             handle.remove()
     assert seen == {"0": torch.bfloat16, "2": torch.float32}, seen
+
+
+def test_the_torchax_engine_implements_every_hook():
+    assert_implements_every_hook(engines.get("torchax"))

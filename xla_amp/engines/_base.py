@@ -48,6 +48,13 @@ HOOKS = ("region_class", "region", "compile", "set_default_policy", "active", "p
          "active_dtype", "regions", "default_device", "rng_restorer", "install")
 
 
+_BY_NAME: dict[str, "Engine"] = {}  # every Engine made, by name (the registry's)
+
+
+def _named(name: str) -> "Engine":
+    return _BY_NAME[name]
+
+
 class Engine:
     """One engine: what it is (name, runtime package, how to install it, the
     torch releases it runs on, the device types it serves) and, loaded on
@@ -61,6 +68,10 @@ class Engine:
         self._implementation_path = implementation  # "package.module", its IMPLEMENTATION
         self.at_import = at_import  # whether `import xla_amp` runs its install()
         self._implementation = None
+        _BY_NAME[name] = self
+
+    def __reduce__(self):  # one object per engine: pickled by name (a model under
+        return _named, (self.name,)  # module_policies holds its engine)
 
     def __repr__(self) -> str:
         return f"<xla_amp engine {self.name}>"
