@@ -56,7 +56,7 @@ def test_for_device_picks_each_engine():
     assert engines.for_device("jax").name == "torchax"
     with pytest.raises(ValueError, match=r"^xla_amp: no xla_amp engine serves device 'cuda:0'; "
                                          r"engines: torch_xla \(xla: pip install torch==2\.9\.0.*"
-                                         r"privateuse1 \(no device yet: .*torch-tpu.*"
+                                         r"privateuse1 \((no device yet|tpu): .*torch-tpu.*"
                                          r"torchax \(jax: pip install torchax==0\.0\.13"):
         engines.for_device("cuda:0")
     with pytest.raises(ValueError, match=r"^autocast: no xla_amp engine serves device 'cpu'"):

@@ -16,6 +16,8 @@ the engine for a device.
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from xla_amp import _devices
@@ -24,6 +26,8 @@ from xla_amp.engines._base import Engine, EngineUnavailable  # noqa: F401
 
 def _privateuse1_types():
     name = _devices.privateuse1_device()  # not "privateuseone", not torchax's "jax"
+    if not name and "torch_tpu" in sys.modules:  # TorchTPU without a TPU names nothing:
+        return {"tpu"}  # its region says so in one line (privateuse1/_region.py)
     return {name} if name else ()
 
 
