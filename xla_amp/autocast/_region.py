@@ -88,7 +88,9 @@ class autocast(torch.amp.autocast):
     def __new__(cls, device=None, *args, **kwargs):
         # the engine serving the device (engines.for_device): a PrivateUse1
         # device ("tpu" under TorchTPU) or torchax's "jax" gets that engine's region
-        if cls is autocast:
+        # (an XLA device where torch_xla's engine is loaded, every step of a
+        # training loop: no lookup)
+        if cls is autocast and not (_engine.TORCH_XLA and _is_xla(device)):
             engine = engines.default() if device is None else engines.for_device(device, "autocast")
             if engine.name != "torch_xla":
                 return engine.region(device, **_keywords(args, kwargs))
@@ -173,6 +175,12 @@ class autocast(torch.amp.autocast):
         self._recorder = _engine.Recorder()
         self.__dict__.setdefault("_previous_recorders", []).append(
             _recording.begin(self._recorder))
+
+
+def _is_xla(device) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "xla"
+    return isinstance(device, str) and device.split(":")[0] == "xla"
 
 
 def _keywords(args: tuple, kwargs: dict) -> dict:

@@ -13,6 +13,8 @@ from xla_amp.engines._registry import get
 from xla_amp.engines._registry import install
 from xla_amp.engines._registry import problem
 from xla_amp.engines._registry import require
+from xla_amp.engines._registry import served_types
 
 __all__ = ["Engine", "EngineUnavailable", "ENGINES", "available", "default", "for_device",
-           "for_device_type", "for_module", "get", "install", "problem", "require", "torch_minor"]
+           "for_device_type", "for_module", "get", "install", "problem", "require",
+           "served_types", "torch_minor"]

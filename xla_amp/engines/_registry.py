@@ -91,6 +91,11 @@ def for_device(device, where: str = "xla_amp") -> Engine:
     raise ValueError(f"{where}: no xla_amp engine serves device '{device}'; engines: {served}")
 
 
+def served_types() -> list[str]:
+    """The device types some engine serves now, sorted (for one-line refusals)."""
+    return sorted(t for e in ENGINES.values() for t in e.device_types())
+
+
 def for_device_type(device_type: str) -> Engine | None:
     """The engine serving `device_type`, or None (no error: autograd's replay asks for any)."""
     for engine in ENGINES.values():

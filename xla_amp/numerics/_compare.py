@@ -113,7 +113,7 @@ def _checked_device(model: nn.Module, inputs, kwargs) -> torch.device:
         (leaf for _, leaf in leaves if isinstance(leaf, torch.Tensor)), None)
     device = held.device if held is not None else None
     if device is None or engines.for_device_type(device.type) is None:
-        served = sorted(t for e in engines.ENGINES.values() for t in e.device_types())
+        served = engines.served_types()
         raise ValueError(f"compare: the model is on '{device}', not on a device an xla_amp "
                          f"engine serves ({', '.join(served)}); move it there first")
     for path, leaf in leaves:

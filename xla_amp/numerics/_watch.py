@@ -56,7 +56,7 @@ class NonfiniteWatch:
             raise TypeError(f"watch_nonfinite: expected an nn.Module, got {type(model).__name__}")
         device = next((p.device for p in model.parameters()), None)
         if device is None or engines.for_device_type(device.type) is None:
-            served = sorted(t for e in engines.ENGINES.values() for t in e.device_types())
+            served = engines.served_types()
             raise ValueError("watch_nonfinite: the model's parameters must be on a device an "
                              f"xla_amp engine serves ({', '.join(served)}; got {device}); "
                              "move the model first")
